@@ -1,0 +1,198 @@
+"""Statistics, once: reduction dtype, masked and cross-device moments, running averages.
+
+The numerics policy of the whole library lives here: statistics are reduced in at least
+float32, the variance is the centred (two-pass) one, so it stays accurate when
+``|mean| >> std``, a group with no valid element has mean 0, variance 0 and count 0 instead
+of NaN, and cross-device statistics are weighted by each device's valid count.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxnorm._axes import Axes, canonicalize_axes
+
+
+class Moments(NamedTuple):
+  """Statistics of a normalization group.
+
+  Attributes:
+    mean: the mean over the valid elements (0 when not centering, and for empty groups).
+    var: the biased variance over the valid elements, or the mean square when not
+      centering (0 for empty groups).
+    count: the number of valid elements that went into each statistic, summed across
+      devices when an ``axis_name`` is given (a float array of the statistics' shape).
+  """
+
+  mean: jax.Array
+  var: jax.Array
+  count: jax.Array
+
+
+def reduction_dtype(x_dtype: Any, dtype: Any = None, force_float32: bool = True) -> np.dtype:
+  """Returns the dtype in which statistics are computed.
+
+  It is ``dtype`` if given, else ``x_dtype``; promoted to at least float32 when
+  ``force_float32`` (so half-precision inputs get float32 statistics while float64 stays
+  float64); and always a floating type (integer inputs give float32).
+
+  >>> reduction_dtype(jnp.bfloat16)
+  dtype('float32')
+  """
+  dt = jnp.dtype(x_dtype if dtype is None else dtype)
+  if force_float32 or not jnp.issubdtype(dt, jnp.inexact):
+    dt = jnp.promote_types(dt, jnp.float32)
+  return jnp.dtype(dt)
+
+
+def psum(value: Any, axis_name: Any, axis_index_groups: Any = None) -> Any:
+  """``lax.psum`` over ``axis_name``, or ``value`` unchanged when ``axis_name`` is None."""
+  if axis_name is None:
+    return value
+  return lax.psum(value, axis_name, axis_index_groups=axis_index_groups)
+
+
+def broadcast_mask(mask: Any, shape: tuple[int, ...]) -> jax.Array:
+  """Returns ``mask`` as a boolean array of ``shape``, or raises a clear ``ValueError``."""
+  mask = jnp.asarray(mask)
+  try:
+    return jnp.broadcast_to(mask.astype(bool), shape)
+  except ValueError:
+    raise ValueError(
+      f"mask of shape {mask.shape} does not broadcast to the input's shape {shape}; "
+      f"pass a boolean mask of shape {shape} or one whose dimensions are 1 or equal to "
+      f"the input's, aligned from the right (e.g. mask[..., None] for a per-token mask)."
+    ) from None
+
+
+def group_moments(x, axes, center, mask, axis_name, axis_index_groups):
+  """Two-pass moments of ``x`` (already in the reduction dtype) with reduced dims kept."""
+  if mask is None:
+    n_local = math.prod(x.shape[a] for a in axes)
+    count = psum(jnp.asarray(n_local, x.dtype), axis_name, axis_index_groups)
+    count = jnp.broadcast_to(count, tuple(1 if a in axes else d for a, d in enumerate(x.shape)))
+    inv_n = 1.0 / jnp.maximum(count, 1)
+    if center:
+      mean = psum(jnp.sum(x, axes, keepdims=True), axis_name, axis_index_groups) * inv_n
+      dev = x - mean
+    else:
+      mean = jnp.zeros_like(inv_n)
+      dev = x
+    var = psum(jnp.sum(dev * dev, axes, keepdims=True), axis_name, axis_index_groups) * inv_n
+    return Moments(mean, var, count)
+
+  valid = broadcast_mask(mask, x.shape)
+  count = jnp.sum(valid, axes, keepdims=True, dtype=x.dtype)
+  if center:
+    total = jnp.sum(jnp.where(valid, x, 0), axes, keepdims=True)
+    count, total = psum((count, total), axis_name, axis_index_groups)
+    mean = total / jnp.maximum(count, 1)
+    dev = jnp.where(valid, x - mean, 0)
+  else:
+    count = psum(count, axis_name, axis_index_groups)
+    mean = jnp.zeros_like(count)
+    dev = jnp.where(valid, x, 0)
+  var = psum(jnp.sum(dev * dev, axes, keepdims=True), axis_name, axis_index_groups)
+  var = var / jnp.maximum(count, 1)
+  return Moments(mean, var, count)
+
+
+def moments(
+  x: jax.Array,
+  axes: Axes,
+  *,
+  center: bool = True,
+  mask: jax.Array | None = None,
+  axis_name: Any = None,
+  axis_index_groups: Any = None,
+  dtype: Any = None,
+  force_float32_reductions: bool = True,
+  keepdims: bool = False,
+) -> Moments:
+  """Computes the mean and variance (or mean square) of ``x`` over ``axes``.
+
+  The variance is centred, ``mean((x - mean)**2)`` (two passes), so it keeps full precision
+  when the mean is large compared with the spread, unlike ``E[x**2] - E[x]**2``.
+
+  Args:
+    x: the input array, of any rank.
+    axes: the axes to reduce over (int or sequence, negative allowed).
+    center: if False, ``mean`` is 0 and ``var`` is the mean square ``mean(x**2)`` (RMS²).
+    mask: optional boolean array broadcastable to ``x``; only its True positions enter the
+      statistics. A group with no True position gets mean 0, var 0 and count 0.
+    axis_name: optional name of a mapped axis (``pmap``, ``shard_map``, ``vmap``) to combine
+      the statistics across: counts and sums are summed over it, so the result equals the
+      statistics of the concatenated data, also when devices hold different valid counts.
+    axis_index_groups: optional groups of indices along ``axis_name`` (see ``lax.psum``).
+    dtype: minimum dtype of the statistics (default: ``x``'s dtype).
+    force_float32_reductions: promote the statistics to at least float32 (default True).
+    keepdims: keep the reduced axes as size-1 dimensions.
+
+  Returns:
+    A :class:`Moments` ``(mean, var, count)`` in the reduction dtype.
+
+  >>> x = jnp.array([[1., 2., 3., 4.], [2., 3., 4., 5.]])
+  >>> m = moments(x, axes=1)
+  >>> m.mean.tolist(), m.var.tolist(), m.count.tolist()
+  ([2.5, 3.5], [1.25, 1.25], [4.0, 4.0])
+  """
+  x = jnp.asarray(x)
+  axes = canonicalize_axes(axes, x.ndim)
+  x = x.astype(reduction_dtype(x.dtype, dtype, force_float32_reductions))
+  stats = group_moments(x, axes, center, mask, axis_name, axis_index_groups)
+  if keepdims:
+    return stats
+  return Moments(*(jnp.squeeze(s, axes) for s in stats))
+
+
+def update_running_average(
+  running_mean: jax.Array,
+  running_var: jax.Array,
+  batch: Moments,
+  momentum: float,
+) -> tuple[jax.Array, jax.Array]:
+  """Exponential moving average of the statistics, Flax's convention.
+
+  ``ra = momentum * ra + (1 - momentum) * batch`` for the mean and the (biased) variance;
+  a statistic whose batch count is 0 (every element masked) keeps its running value.
+  PyTorch's ``momentum=0.1`` corresponds to ``momentum=0.9`` here (PyTorch also stores the
+  unbiased variance).
+
+  Args:
+    running_mean: the running mean, of the statistics' shape.
+    running_var: the running variance, of the statistics' shape.
+    batch: the batch :class:`Moments` (without kept dims), e.g. from :func:`moments`.
+    momentum: the decay rate in [0, 1].
+
+  Returns:
+    ``(new_mean, new_var)`` in the running statistics' dtypes.
+
+  >>> m = Moments(jnp.array([2.0, 5.0]), jnp.array([4.0, 1.0]), jnp.array([8.0, 0.0]))
+  >>> mean, var = update_running_average(jnp.zeros(2), jnp.ones(2), m, 0.9)
+  >>> print(mean, var)
+  [0.2 0. ] [1.3 1. ]
+  """
+  if not 0.0 <= momentum <= 1.0:
+    raise ValueError(
+      f"momentum must lie in [0, 1] (the weight kept by the running average), got {momentum}; "
+      f"PyTorch's momentum m corresponds to 1 - m here (its 0.1 is 0.9)."
+    )
+  for name, ra, b in (("mean", running_mean, batch.mean), ("var", running_var, batch.var)):
+    if jnp.shape(ra) != jnp.shape(b):
+      raise ValueError(
+        f"running {name} has shape {jnp.shape(ra)} but the batch statistics have shape "
+        f"{jnp.shape(b)}; the running statistics must be those of the same layer and axes."
+      )
+  has_data = batch.count > 0
+
+  def ema(ra, b):
+    new = momentum * ra + (1.0 - momentum) * b
+    return jnp.where(has_data, new, ra).astype(jnp.asarray(ra).dtype)
+
+  return ema(running_mean, batch.mean), ema(running_var, batch.var)

@@ -1,0 +1,520 @@
+"""Pure normalization functions: ``normalize`` and one function per norm.
+
+Each function chooses its axes, calls the kernel (:func:`jaxnorm._kernel.standardize`) and
+applies the optional affine map ``y = γ·x̂ + β``. Statistics are computed in at least
+float32 (see :func:`jaxnorm.reduction_dtype`); the output dtype follows Flax: ``dtype`` if
+given, else the promotion of the input's and the parameters' dtypes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxnorm._axes import Axes, broadcast_shape, canonicalize_axes, complement, kept_shape
+from jaxnorm._kernel import apply_moments, standardize
+from jaxnorm._stats import Moments, broadcast_mask, group_moments, reduction_dtype
+
+
+def output_dtype(x: Any, *params: Any, dtype: Any = None) -> jnp.dtype:
+  """Flax's output dtype rule: ``dtype`` if given, else the promoted (inexact) dtype of
+  ``x`` and the non-None ``params``."""
+  if dtype is not None:
+    return jnp.dtype(dtype)
+  out = jnp.result_type(*(jnp.asarray(a).dtype for a in (x, *params) if a is not None))
+  if not jnp.issubdtype(out, jnp.inexact):
+    out = jnp.promote_types(out, jnp.float32)
+  return jnp.dtype(out)
+
+
+def _param(value, name, x_shape, feature_axes):
+  """Checks a scale or bias against the feature shape and reshapes it to broadcast."""
+  if value is None:
+    return None
+  value = jnp.asarray(value)
+  want = tuple(x_shape[a] for a in feature_axes)
+  if value.shape != want:
+    raise ValueError(
+      f"{name} has shape {value.shape}, but an input of shape {tuple(x_shape)} has features "
+      f"of shape {want} along feature axes {feature_axes}; pass a {name} of shape {want} "
+      f"(one value per feature) or change the feature axes."
+    )
+  return value.reshape(broadcast_shape(x_shape, feature_axes))
+
+
+def affine(
+  xhat: jax.Array,
+  scale: jax.Array | None,
+  bias: jax.Array | None,
+  feature_axes: tuple[int, ...],
+  *,
+  zero_centered_scale: bool = False,
+) -> jax.Array:
+  """The learned map ``γ·x̂ + β`` (``(1 + γ)·x̂ + β`` when ``zero_centered_scale``).
+
+  Args:
+    xhat: the normalized input.
+    scale: ``γ`` of shape ``[xhat.shape[a] for a in feature_axes]``, or None for no scale.
+    bias: ``β`` of the same shape, or None for no bias.
+    feature_axes: sorted axes of ``xhat`` that the parameters run along.
+    zero_centered_scale: multiply by ``1 + γ`` instead of ``γ`` (Gemma-style).
+
+  Returns:
+    The affinely transformed array (dtype from promotion with the parameters).
+
+  >>> affine(jnp.ones((2, 3)), jnp.array([1., 2., 3.]), None, (1,)).tolist()
+  [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
+  """
+  scale = _param(scale, "scale", xhat.shape, feature_axes)
+  bias = _param(bias, "bias", xhat.shape, feature_axes)
+  y = xhat
+  if scale is not None:
+    y = y * (1 + scale if zero_centered_scale else scale)
+  if bias is not None:
+    y = y + bias
+  return y
+
+
+def normalize(
+  x: jax.Array,
+  axes: Axes,
+  center: bool = True,
+  scale: bool = True,
+  *,
+  epsilon: float = 1e-5,
+  mask: jax.Array | None = None,
+  axis_name: Any = None,
+  axis_index_groups: Any = None,
+) -> jax.Array:
+  """Normalizes ``x`` over ``axes``: the maths of every norm, without learned parameters.
+
+  ``x̂ = (x − μ) / sqrt(σ² + ε)`` with ``μ, σ²`` the mean and (centred, accurate) variance
+  over ``axes``. ``center=False`` gives RMS normalization ``x / sqrt(mean(x²) + ε)``;
+  ``scale=False`` only subtracts the mean; both False return ``x`` unchanged.
+
+  Args:
+    x: the input, of any rank.
+    axes: the axes to compute the statistics over (int or sequence; negative allowed).
+    center: subtract the mean.
+    scale: divide by the standard deviation (or the RMS when not centering).
+    epsilon: a positive constant added to the variance.
+    mask: optional boolean array broadcastable to ``x``: only True positions enter the
+      statistics; every position is normalized with them (as in Flax). A group with no
+      True position has no statistics; its output is 0 rather than NaN.
+    axis_name: optional mapped axis (``pmap``/``shard_map``/``vmap``) over which the
+      statistics are combined, weighted by each member's valid count.
+    axis_index_groups: optional groups of indices along ``axis_name`` (see ``lax.psum``).
+
+  Returns:
+    An array of ``x``'s shape and dtype (float32 for integer inputs).
+
+  Raises:
+    ValueError: for out-of-range or repeated axes, a non-positive epsilon, or a mask that
+      does not broadcast to ``x``.
+
+  >>> x = jnp.array([[1., 2., 3., 4.]])
+  >>> print(normalize(x, axes=-1, epsilon=1e-12))
+  [[-1.3416 -0.4472  0.4472  1.3416]]
+  >>> print(normalize(x, axes=-1, center=False, epsilon=1e-12))  # x / sqrt(7.5)
+  [[0.3651 0.7303 1.0954 1.4606]]
+  """
+  with jax.named_scope("jaxnorm.normalize"):
+    x = jnp.asarray(x)
+    axes = canonicalize_axes(axes, x.ndim)
+    out_dtype = output_dtype(x)
+    xs = x.astype(reduction_dtype(x.dtype))
+    if scale:
+      y, _ = standardize(xs, axes, center=center, epsilon=epsilon, mask=mask,
+                         axis_name=axis_name, axis_index_groups=axis_index_groups)
+    elif center:
+      if mask is not None:
+        mask = broadcast_mask(mask, xs.shape)
+      stats = group_moments(xs, axes, True, mask, axis_name, axis_index_groups)
+      y = xs - stats.mean
+    else:
+      y = xs
+    return y.astype(out_dtype)
+
+
+def _standardized(x, reduction_axes, *, center=True, epsilon, epsilon_in_root=True, mask=None,
+                  axis_name=None, axis_index_groups=None, dtype=None,
+                  force_float32_reductions=True):
+  """Casts ``x`` to its reduction dtype and normalizes it: returns ``(x̂, Moments)``."""
+  xs = x.astype(reduction_dtype(x.dtype, dtype, force_float32_reductions))
+  return standardize(
+    xs, reduction_axes, center=center, epsilon=epsilon, epsilon_in_root=epsilon_in_root,
+    mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups,
+  )
+
+
+def _finish(x, xhat, scale, bias, feature_axes, dtype, zero_centered_scale=False):
+  """Applies the affine map to ``x̂`` and casts to Flax's output dtype."""
+  y = affine(xhat, scale, bias, feature_axes, zero_centered_scale=zero_centered_scale)
+  return y.astype(output_dtype(x, scale, bias, dtype=dtype))
+
+
+def _norm(x, reduction_axes, feature_axes, scale, bias, *, dtype=None,
+          zero_centered_scale=False, **kwargs):
+  """Shared body of the per-norm functions: statistics, normalization, affine, cast."""
+  xhat, stats = _standardized(x, reduction_axes, dtype=dtype, **kwargs)
+  return _finish(x, xhat, scale, bias, feature_axes, dtype, zero_centered_scale), stats
+
+
+def layer_norm(
+  x: jax.Array,
+  scale: jax.Array | None = None,
+  bias: jax.Array | None = None,
+  *,
+  reduction_axes: Axes = -1,
+  feature_axes: Axes = -1,
+  epsilon: float = 1e-6,
+  mask: jax.Array | None = None,
+  axis_name: Any = None,
+  axis_index_groups: Any = None,
+  dtype: Any = None,
+  force_float32_reductions: bool = True,
+) -> jax.Array:
+  """Layer normalization (Ba et al. 2016): statistics per sample over ``reduction_axes``.
+
+  ``y = γ·(x − μ)/sqrt(σ² + ε) + β``. For a Transformer ``(B, T, D)`` the defaults reduce
+  over ``D`` per token; for a CNN ``(N, H, W, C)`` pass ``reduction_axes=(1, 2, 3)``.
+
+  Args:
+    x: the input.
+    scale: optional ``γ`` of the feature shape ``[x.shape[a] for a in feature_axes]``.
+    bias: optional ``β`` of the feature shape.
+    reduction_axes: axes of the statistics.
+    feature_axes: axes the scale and bias run along.
+    epsilon: positive constant added to the variance (Flax's default 1e-6).
+    mask: optional boolean mask broadcastable to ``x`` (see :func:`normalize`).
+    axis_name: optional mapped axis to combine statistics across.
+    axis_index_groups: optional index groups along ``axis_name``.
+    dtype: output dtype and minimum statistics dtype (default: inferred as in Flax).
+    force_float32_reductions: compute statistics in at least float32.
+
+  Returns:
+    The normalized array, of ``x``'s shape.
+
+  >>> y = layer_norm(jnp.array([[1., 2., 3., 4.]]), jnp.full(4, 2.), jnp.ones(4))
+  >>> print(y)
+  [[-1.6833  0.1056  1.8944  3.6833]]
+  """
+  with jax.named_scope("jaxnorm.layer_norm"):
+    x = jnp.asarray(x)
+    red = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
+    feat = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
+    y, _ = _norm(x, red, feat, scale, bias, epsilon=epsilon, mask=mask, axis_name=axis_name,
+                 axis_index_groups=axis_index_groups, dtype=dtype,
+                 force_float32_reductions=force_float32_reductions)
+    return y
+
+
+def rms_norm(
+  x: jax.Array,
+  scale: jax.Array | None = None,
+  bias: jax.Array | None = None,
+  *,
+  reduction_axes: Axes = -1,
+  feature_axes: Axes = -1,
+  epsilon: float = 1e-6,
+  epsilon_in_root: bool = True,
+  zero_centered_scale: bool = False,
+  mask: jax.Array | None = None,
+  axis_name: Any = None,
+  axis_index_groups: Any = None,
+  dtype: Any = None,
+  force_float32_reductions: bool = True,
+) -> jax.Array:
+  """RMS normalization (Zhang & Sennrich 2019): ``y = γ·x / sqrt(mean(x²) + ε) (+ β)``.
+
+  Args:
+    x: the input.
+    scale: optional ``γ`` of the feature shape.
+    bias: optional ``β`` of the feature shape (most RMSNorms have none).
+    reduction_axes: axes of the mean square (default: the last).
+    feature_axes: axes the scale and bias run along.
+    epsilon: positive constant (Flax's default 1e-6).
+    epsilon_in_root: if False, ``x / (sqrt(mean(x²)) + ε)``, as some references write it.
+    zero_centered_scale: multiply by ``1 + γ`` (Gemma-style; γ starts at 0).
+    mask: optional boolean mask broadcastable to ``x`` (see :func:`normalize`).
+    axis_name: optional mapped axis to combine statistics across.
+    axis_index_groups: optional index groups along ``axis_name``.
+    dtype: output dtype and minimum statistics dtype (default: inferred as in Flax).
+    force_float32_reductions: compute statistics in at least float32.
+
+  Returns:
+    The normalized array, of ``x``'s shape.
+
+  >>> print(rms_norm(jnp.array([[1., 2., 3., 4.]]), epsilon=1e-12))
+  [[0.3651 0.7303 1.0954 1.4606]]
+  """
+  with jax.named_scope("jaxnorm.rms_norm"):
+    x = jnp.asarray(x)
+    red = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
+    feat = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
+    y, _ = _norm(x, red, feat, scale, bias, center=False, epsilon=epsilon,
+                 epsilon_in_root=epsilon_in_root, zero_centered_scale=zero_centered_scale,
+                 mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups,
+                 dtype=dtype, force_float32_reductions=force_float32_reductions)
+    return y
+
+
+def instance_norm(
+  x: jax.Array,
+  scale: jax.Array | None = None,
+  bias: jax.Array | None = None,
+  *,
+  feature_axes: Axes = -1,
+  epsilon: float = 1e-6,
+  mask: jax.Array | None = None,
+  axis_name: Any = None,
+  axis_index_groups: Any = None,
+  dtype: Any = None,
+  force_float32_reductions: bool = True,
+) -> jax.Array:
+  """Instance normalization (Ulyanov et al. 2016): statistics per (sample, channel).
+
+  Reduces over every axis except the leading (batch) axis and ``feature_axes``: ``H, W``
+  for NHWC with the default ``feature_axes=-1``, and for NCHW data with ``feature_axes=1``.
+
+  Args:
+    x: the input, batch first.
+    scale: optional ``γ`` of the feature shape.
+    bias: optional ``β`` of the feature shape.
+    feature_axes: the channel axes (must not include axis 0, the batch).
+    epsilon: positive constant (Flax's default 1e-6).
+    mask: optional boolean mask broadcastable to ``x`` (see :func:`normalize`).
+    axis_name: optional mapped axis to combine statistics across.
+    axis_index_groups: optional index groups along ``axis_name``.
+    dtype: output dtype and minimum statistics dtype (default: inferred as in Flax).
+    force_float32_reductions: compute statistics in at least float32.
+
+  Returns:
+    The normalized array, of ``x``'s shape.
+
+  >>> x = jnp.arange(8.).reshape(1, 2, 2, 2)            # N, H, W, C
+  >>> print(instance_norm(x, epsilon=1e-12)[0, :, :, 0])
+  [[-1.3416 -0.4472]
+   [ 0.4472  1.3416]]
+  """
+  with jax.named_scope("jaxnorm.instance_norm"):
+    x = jnp.asarray(x)
+    feat = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
+    if 0 in feat:
+      raise ValueError(
+        f"feature_axes={feature_axes!r} includes axis 0, the batch axis of InstanceNorm, for "
+        f"an input of shape {x.shape}; channels go at -1 (NHWC) or 1 (NCHW)."
+      )
+    red = tuple(a for a in range(1, x.ndim) if a not in feat)
+    y, _ = _norm(x, red, feat, scale, bias, epsilon=epsilon, mask=mask, axis_name=axis_name,
+                 axis_index_groups=axis_index_groups, dtype=dtype,
+                 force_float32_reductions=force_float32_reductions)
+    return y
+
+
+def resolve_groups(channels: int, num_groups: int | None, group_size: int | None) -> int:
+  """Returns the number of groups from exactly one of ``num_groups`` and ``group_size``."""
+  if (num_groups is None) == (group_size is None):
+    raise ValueError(
+      f"GroupNorm needs exactly one of num_groups and group_size, got num_groups={num_groups}"
+      f" and group_size={group_size}; to give group_size pass num_groups=None as well "
+      f"(num_groups defaults to 32)."
+    )
+  if group_size is not None:
+    if group_size <= 0 or channels % group_size:
+      raise ValueError(
+        f"group_size={group_size} does not divide the {channels} channels; choose a "
+        f"divisor of {channels} (e.g. {_divisors(channels)})."
+      )
+    return channels // group_size
+  if num_groups <= 0 or channels % num_groups:
+    raise ValueError(
+      f"num_groups={num_groups} does not divide the {channels} channels; choose a "
+      f"divisor of {channels} (e.g. {_divisors(channels)})."
+    )
+  return num_groups
+
+
+def _divisors(n: int) -> list[int]:
+  return [d for d in range(1, n + 1) if n % d == 0][:12]
+
+
+def group_norm(
+  x: jax.Array,
+  scale: jax.Array | None = None,
+  bias: jax.Array | None = None,
+  *,
+  num_groups: int | None = 32,
+  group_size: int | None = None,
+  feature_axis: int = -1,
+  reduction_axes: Axes | None = None,
+  epsilon: float = 1e-6,
+  mask: jax.Array | None = None,
+  axis_name: Any = None,
+  axis_index_groups: Any = None,
+  dtype: Any = None,
+  force_float32_reductions: bool = True,
+) -> jax.Array:
+  """Group normalization (Wu & He 2018): statistics per (sample, group of channels).
+
+  The channels along ``feature_axis`` are split into ``num_groups`` contiguous groups (or
+  groups of ``group_size``); statistics run over each group and the other
+  ``reduction_axes``. ``num_groups=1`` is LayerNorm over ``(H, W, C)``; one channel per
+  group is InstanceNorm. ``feature_axis=1`` handles channels-first (NCHW) data.
+
+  Args:
+    x: the input, batch first.
+    scale: optional ``γ`` of shape ``(C,)``.
+    bias: optional ``β`` of shape ``(C,)``.
+    num_groups: the number of groups (default 32, Flax's); None if ``group_size`` is given.
+    group_size: channels per group, instead of ``num_groups``.
+    feature_axis: the channel axis (default -1, channels-last).
+    reduction_axes: axes of the statistics; must include ``feature_axis`` (default: all
+      axes but the leading batch axis).
+    epsilon: positive constant (Flax's default 1e-6).
+    mask: optional boolean mask broadcastable to ``x`` (see :func:`normalize`).
+    axis_name: optional mapped axis to combine statistics across.
+    axis_index_groups: optional index groups along ``axis_name``.
+    dtype: output dtype and minimum statistics dtype (default: inferred as in Flax).
+    force_float32_reductions: compute statistics in at least float32.
+
+  Returns:
+    The normalized array, of ``x``'s shape.
+
+  >>> x = jnp.array([[1., 2., 3., 10., 20., 30.]])
+  >>> print(group_norm(x, num_groups=2, epsilon=1e-12))
+  [[-1.2247  0.      1.2247 -1.2247  0.      1.2247]]
+  """
+  with jax.named_scope("jaxnorm.group_norm"):
+    x = jnp.asarray(x)
+    f = canonicalize_axes(feature_axis, x.ndim, name="feature_axis")[0]
+    if reduction_axes is None:
+      red = tuple(range(1, x.ndim))
+    else:
+      red = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
+    if f not in red:
+      raise ValueError(
+        f"reduction_axes {red} must include the channel axis {f} (feature_axis="
+        f"{feature_axis}) of an input of shape {x.shape}: GroupNorm reduces over groups "
+        f"of channels; add {f} to reduction_axes or set feature_axis to the channel axis."
+      )
+    channels = x.shape[f]
+    groups = resolve_groups(channels, num_groups, group_size)
+    grouped = x.shape[:f] + (groups, channels // groups) + x.shape[f + 1:]
+    gred = tuple(sorted(a if a < f else a + 1 for a in red))
+    if mask is not None:
+      mask = broadcast_mask(mask, x.shape).reshape(grouped)
+    xhat, _ = _standardized(x.reshape(grouped), gred, epsilon=epsilon, mask=mask,
+                            axis_name=axis_name, axis_index_groups=axis_index_groups,
+                            dtype=dtype, force_float32_reductions=force_float32_reductions)
+    return _finish(x, xhat.reshape(x.shape), scale, bias, (f,), dtype)
+
+
+def batch_norm_axes(ndim: int, feature_axes: tuple[int, ...],
+                    reduction_axes: Axes | None) -> tuple[int, ...]:
+  """BatchNorm's reduction axes: ``reduction_axes`` checked against the feature axes, or
+  every non-feature axis when None."""
+  if reduction_axes is None:
+    return complement(feature_axes, ndim)
+  red = canonicalize_axes(reduction_axes, ndim, name="reduction_axes")
+  if set(red) & set(feature_axes):
+    raise ValueError(
+      f"reduction_axes {red} overlap the feature axis {feature_axes} of a rank-{ndim} "
+      f"input; statistics are per feature, so reduce over the other axes only."
+    )
+  return red
+
+
+def batch_norm(
+  x: jax.Array,
+  scale: jax.Array | None = None,
+  bias: jax.Array | None = None,
+  *,
+  mean: jax.Array | None = None,
+  var: jax.Array | None = None,
+  axis: Axes = -1,
+  reduction_axes: Axes | None = None,
+  epsilon: float = 1e-5,
+  mask: jax.Array | None = None,
+  axis_name: Any = None,
+  axis_index_groups: Any = None,
+  dtype: Any = None,
+  force_float32_reductions: bool = True,
+) -> jax.Array | tuple[jax.Array, Moments]:
+  """Batch normalization (Ioffe & Szegedy 2015): statistics per feature over the batch.
+
+  Training (``mean`` and ``var`` not given): normalizes with the batch statistics over
+  ``reduction_axes`` (default: every axis but ``axis``) and returns ``(y, moments)``, the
+  batch :class:`Moments` to feed :func:`update_running_average`. Inference (``mean`` and
+  ``var`` given, e.g. running averages): normalizes with them and returns ``y`` only.
+
+  Args:
+    x: the input, e.g. ``(N, H, W, C)`` or ``(B, T, D)``.
+    scale: optional ``γ`` of the feature shape ``[x.shape[a] for a in axis]``.
+    bias: optional ``β`` of the feature shape.
+    mean: statistics to use instead of the batch's, of the statistics' shape (the shape of
+      ``x`` without ``reduction_axes``).
+    var: the variance to go with ``mean``.
+    axis: the feature axis or axes (default -1).
+    reduction_axes: axes of the statistics (default: all axes not in ``axis``). For a
+      sequence ``(B, T, D)``, ``reduction_axes=0`` keeps statistics per time step and feature.
+    epsilon: positive constant added to the variance (default 1e-5).
+    mask: optional boolean mask broadcastable to ``x`` (see :func:`normalize`).
+    axis_name: optional mapped axis to combine statistics across (count-weighted).
+    axis_index_groups: optional index groups along ``axis_name``.
+    dtype: output dtype and minimum statistics dtype (default: inferred as in Flax).
+    force_float32_reductions: compute statistics in at least float32.
+
+  Returns:
+    ``(y, Moments)`` when training, ``y`` with given statistics.
+
+  Raises:
+    ValueError: in training with a single value per statistic (the variance would be 0
+      and the output just ``β``), with only one of ``mean`` and ``var``, or with
+      statistics or parameters of the wrong shape.
+
+  >>> x = jnp.array([[1., 10.], [3., 30.]])
+  >>> y, stats = batch_norm(x, epsilon=1e-12)
+  >>> y.tolist(), stats.mean.tolist(), stats.var.tolist()
+  ([[-1.0, -1.0], [1.0, 1.0]], [2.0, 20.0], [1.0, 100.0])
+  """
+  with jax.named_scope("jaxnorm.batch_norm"):
+    x = jnp.asarray(x)
+    feat = canonicalize_axes(axis, x.ndim, name="axis")
+    red = batch_norm_axes(x.ndim, feat, reduction_axes)
+    stats_shape = kept_shape(x.shape, red)
+    if (mean is None) != (var is None):
+      raise ValueError(
+        "batch_norm got only one of mean and var; pass both (inference with given "
+        "statistics) or neither (training with the batch's statistics)."
+      )
+    if mean is not None:
+      cdt = reduction_dtype(x.dtype, dtype, force_float32_reductions)
+      bshape = tuple(1 if a in red else d for a, d in enumerate(x.shape))
+      stats = []
+      for name, s in (("mean", mean), ("var", var)):
+        s = jnp.asarray(s)
+        if s.shape != stats_shape:
+          raise ValueError(
+            f"{name} has shape {s.shape}, but the statistics of an input of shape {x.shape} "
+            f"reduced over {red} have shape {stats_shape}; pass running statistics of that "
+            f"shape (were they made with another axis or input layout?)."
+          )
+        stats.append(s.astype(cdt).reshape(bshape))
+      xhat = apply_moments(x.astype(cdt), *stats, epsilon=epsilon)
+      return _finish(x, xhat, scale, bias, feat, dtype)
+    n = math.prod(x.shape[a] for a in red)
+    if n == 1 and axis_name is None:
+      raise ValueError(
+        f"batch_norm in training needs more than one value per statistic, but an input of "
+        f"shape {x.shape} reduced over axes {red} has 1 (the variance would be 0 and the "
+        f"output would be just the bias). Use a batch larger than 1, normalize with running "
+        f"statistics (use_running_average=True), or use LayerNorm/GroupNorm."
+      )
+    y, stats = _norm(x, red, feat, scale, bias, epsilon=epsilon, mask=mask,
+                     axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype,
+                     force_float32_reductions=force_float32_reductions)
+    return y, Moments(*(jnp.squeeze(s, red) for s in stats))

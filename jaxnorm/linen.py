@@ -1,0 +1,401 @@
+"""Flax linen modules: drop-in replacements for ``flax.linen``'s norms, thin over the maths.
+
+Each module has every constructor attribute of its ``flax.linen`` namesake, with the same
+defaults and meanings, the same ``__call__`` signature and the same variable tree
+(``params``: ``scale``, ``bias``; ``batch_stats``: ``mean``, ``var``), so swapping
+``nn.BatchNorm`` for ``jaxnorm.BatchNorm`` keeps a model's results and checkpoints. A module
+only creates its variables and calls a pure function of :mod:`jaxnorm.functional`.
+
+Differences that go beyond Flax, never changing what Flax's arguments mean: the variance is
+always the accurate centred one (``use_fast_variance`` is accepted for compatibility; the
+accurate formula measures as fast); masked groups with no valid element give no NaN and
+leave running statistics untouched; BatchNorm refuses to train on one value per feature;
+BatchNorm can reduce over a subset of the non-feature axes (``reduction_axes``); GroupNorm
+takes a ``feature_axis`` (channels-first data); RMSNorm can add a bias, put epsilon outside
+the root and use a zero-centred scale.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.nn import initializers
+
+from jaxnorm import functional as F
+from jaxnorm._axes import Axes, canonicalize_axes, kept_shape
+from jaxnorm._stats import update_running_average
+
+Initializer = Any
+Dtype = Any
+
+
+def _affine_params(module: nn.Module, shape: tuple[int, ...], use_bias: bool,
+                   scale_init: Initializer | None = None):
+  """Creates ``scale`` then ``bias`` (Flax's order, so random initializers match)."""
+  scale = bias = None
+  if module.use_scale:
+    scale = module.param("scale", scale_init or module.scale_init, shape, module.param_dtype)
+  if use_bias:
+    bias = module.param("bias", module.bias_init, shape, module.param_dtype)
+  return scale, bias
+
+
+def _merge_use_running_average(attribute: bool | None, argument: bool | None) -> bool:
+  if (attribute is None) == (argument is None):
+    got = "neither" if attribute is None else f"both ({attribute} and {argument})"
+    raise ValueError(
+      f"BatchNorm needs use_running_average exactly once, in the constructor or in the "
+      f"call, but got {got}; e.g. BatchNorm(use_running_average=not train) or "
+      f"bn(x, use_running_average=not train)."
+    )
+  return bool(attribute if argument is None else argument)
+
+
+class BatchNorm(nn.Module):
+  """Batch normalization (Ioffe & Szegedy 2015), drop-in for ``flax.linen.BatchNorm``.
+
+  ``y = γ·(x − μ)/sqrt(σ² + ε) + β`` with ``μ, σ²`` the batch statistics per feature in
+  training and the running averages in ``batch_stats`` at inference. In training (called
+  with ``mutable=['batch_stats']``) the running averages are updated as
+  ``ra = momentum·ra + (1 − momentum)·batch`` (biased variance, Flax's convention; PyTorch's
+  ``momentum=0.1`` is ``momentum=0.9`` here); ``init`` does not update them.
+
+  >>> import jax, jaxnorm
+  >>> bn = jaxnorm.BatchNorm(use_running_average=False, momentum=0.9)
+  >>> x = jax.random.normal(jax.random.key(0), (8, 3))
+  >>> variables = bn.init(jax.random.key(1), x)
+  >>> jax.tree_util.tree_map(jnp.shape, variables)
+  {'batch_stats': {'mean': (3,), 'var': (3,)}, 'params': {'bias': (3,), 'scale': (3,)}}
+  >>> y, updates = bn.apply(variables, x, mutable=['batch_stats'])
+
+  Attributes:
+    use_running_average: if True, normalize with the stored running statistics instead of
+      the batch's (give it here or in the call, exactly once).
+    axis: the feature axis or axes (default -1).
+    momentum: decay rate of the running averages (default 0.99).
+    epsilon: positive constant added to the variance (default 1e-5).
+    dtype: the output dtype and the minimum dtype of the statistics (default: inferred
+      from the input and parameters, as in Flax).
+    param_dtype: dtype of ``scale`` and ``bias`` (default float32).
+    use_bias: add the learned bias ``β``.
+    use_scale: multiply by the learned scale ``γ``.
+    bias_init: initializer of ``β`` (default zeros).
+    scale_init: initializer of ``γ`` (default ones).
+    axis_name: mapped axis (``pmap``/``shard_map``) to combine batch statistics across;
+      they are weighted by each device's valid count. Not used during ``init``.
+    axis_index_groups: groups of indices along ``axis_name`` to normalize separately.
+    use_fast_variance: accepted for compatibility with Flax. jaxnorm always computes the
+      accurate centred variance, which measures as fast as Flax's ``E[x²] − E[x]²``.
+    force_float32_reductions: compute statistics (and store running averages) in at least
+      float32 (default True). If False, they use the input's (or ``dtype``'s) precision and
+      the running averages use ``param_dtype``.
+    reduction_axes: (jaxnorm) the axes of the statistics, a subset of the non-feature axes
+      (default: all of them). For a sequence ``(B, T, D)`` with ``reduction_axes=0``, the
+      statistics are kept per time step and feature; ``batch_stats`` then has shape
+      ``(T, D)`` while ``scale`` and ``bias`` stay ``(D,)``.
+  """
+
+  use_running_average: bool | None = None
+  axis: int = -1
+  momentum: float = 0.99
+  epsilon: float = 1e-5
+  dtype: Dtype | None = None
+  param_dtype: Dtype = jnp.float32
+  use_bias: bool = True
+  use_scale: bool = True
+  bias_init: Initializer = initializers.zeros
+  scale_init: Initializer = initializers.ones
+  axis_name: str | None = None
+  axis_index_groups: Any = None
+  use_fast_variance: bool = True
+  force_float32_reductions: bool = True
+  reduction_axes: Axes | None = None
+
+  @nn.compact
+  def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
+    """Normalizes ``x`` with batch statistics (training) or running averages.
+
+    Args:
+      x: the input.
+      use_running_average: if True, use the running averages (overrides nothing: give it
+        either here or as the attribute).
+      mask: optional boolean array broadcastable to ``x``: only True positions enter the
+        batch statistics; a feature with no valid element keeps its running averages.
+
+    Returns:
+      The normalized input, of ``x``'s shape.
+    """
+    use_ra = _merge_use_running_average(self.use_running_average, use_running_average)
+    x = jnp.asarray(x)
+    feat = canonicalize_axes(self.axis, x.ndim, name="axis")
+    red = F.batch_norm_axes(x.ndim, feat, self.reduction_axes)
+    stats_shape = kept_shape(x.shape, red)
+    stat_dtype = jnp.float32 if self.force_float32_reductions else self.param_dtype
+    ra_mean = self.variable("batch_stats", "mean", jnp.zeros, stats_shape, stat_dtype)
+    ra_var = self.variable("batch_stats", "var", jnp.ones, stats_shape, stat_dtype)
+    scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias)
+    common = dict(axis=feat, reduction_axes=red, epsilon=self.epsilon, dtype=self.dtype,
+                  force_float32_reductions=self.force_float32_reductions)
+    initializing = self.is_initializing()
+    one_value = math.prod(x.shape[a] for a in red) == 1
+    if use_ra or (initializing and one_value):
+      # A dummy batch of one at init is normalized with the initial running statistics.
+      return F.batch_norm(x, scale, bias, mean=ra_mean.value, var=ra_var.value, **common)
+    y, stats = F.batch_norm(
+      x, scale, bias, mask=mask, axis_name=None if initializing else self.axis_name,
+      axis_index_groups=self.axis_index_groups, **common,
+    )
+    if not initializing:
+      ra_mean.value, ra_var.value = update_running_average(
+        ra_mean.value, ra_var.value, stats, self.momentum
+      )
+    return y
+
+
+class LayerNorm(nn.Module):
+  """Layer normalization (Ba et al. 2016), drop-in for ``flax.linen.LayerNorm``.
+
+  ``y = γ·(x − μ)/sqrt(σ² + ε) + β`` with statistics per sample over ``reduction_axes``
+  (by default the last axis: per token of a ``(B, T, D)`` sequence).
+
+  >>> import jax, jaxnorm
+  >>> ln = jaxnorm.LayerNorm()
+  >>> x = jnp.array([[1., 2., 3., 4.]])
+  >>> variables = ln.init(jax.random.key(0), x)
+  >>> print(ln.apply(variables, x))
+  [[-1.3416 -0.4472  0.4472  1.3416]]
+
+  Attributes:
+    epsilon: positive constant added to the variance (default 1e-6).
+    dtype: the output dtype and the minimum dtype of the statistics (default: inferred).
+    param_dtype: dtype of ``scale`` and ``bias`` (default float32).
+    use_bias: add the learned bias ``β``.
+    use_scale: multiply by the learned scale ``γ``.
+    bias_init: initializer of ``β`` (default zeros).
+    scale_init: initializer of ``γ`` (default ones).
+    reduction_axes: axes of the statistics (default -1).
+    feature_axes: axes the scale and bias run along (default -1).
+    axis_name: mapped axis to combine statistics across (count-weighted).
+    axis_index_groups: groups of indices along ``axis_name``.
+    use_fast_variance: accepted for compatibility; the variance is always the accurate one.
+    force_float32_reductions: compute statistics in at least float32 (default True).
+  """
+
+  epsilon: float = 1e-6
+  dtype: Dtype | None = None
+  param_dtype: Dtype = jnp.float32
+  use_bias: bool = True
+  use_scale: bool = True
+  bias_init: Initializer = initializers.zeros
+  scale_init: Initializer = initializers.ones
+  reduction_axes: Axes = -1
+  feature_axes: Axes = -1
+  axis_name: str | None = None
+  axis_index_groups: Any = None
+  use_fast_variance: bool = True
+  force_float32_reductions: bool = True
+
+  @nn.compact
+  def __call__(self, x, *, mask=None):
+    """Applies layer normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
+    x = jnp.asarray(x)
+    feat = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
+    scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias)
+    return F.layer_norm(
+      x, scale, bias, reduction_axes=self.reduction_axes, feature_axes=feat,
+      epsilon=self.epsilon, mask=mask, axis_name=self.axis_name,
+      axis_index_groups=self.axis_index_groups, dtype=self.dtype,
+      force_float32_reductions=self.force_float32_reductions,
+    )
+
+
+class RMSNorm(nn.Module):
+  """RMS normalization (Zhang & Sennrich 2019), drop-in for ``flax.linen.RMSNorm``.
+
+  ``y = γ·x / sqrt(mean(x²) + ε)``, statistics per sample over ``reduction_axes``. Beyond
+  Flax: an optional bias, epsilon outside the root (``x / (rms + ε)``), and a zero-centred
+  scale ``(1 + γ)`` as in Gemma.
+
+  >>> import jax, jaxnorm
+  >>> rms = jaxnorm.RMSNorm(zero_centered_scale=True)
+  >>> variables = rms.init(jax.random.key(0), jnp.ones((2, 4)))
+  >>> variables['params']['scale'].tolist()   # stored γ − 1: the effective scale is 1
+  [0.0, 0.0, 0.0, 0.0]
+
+  Attributes:
+    epsilon: positive constant added to the mean square (default 1e-6).
+    dtype: the output dtype and the minimum dtype of the statistics (default: inferred).
+    param_dtype: dtype of ``scale`` (and ``bias``) (default float32).
+    use_scale: multiply by the learned scale ``γ``.
+    scale_init: initializer of the effective scale (default ones). With
+      ``zero_centered_scale`` the stored parameter is ``scale_init(...) − 1`` (zeros).
+    reduction_axes: axes of the mean square (default -1).
+    feature_axes: axes the scale (and bias) run along (default -1).
+    axis_name: mapped axis to combine statistics across (count-weighted).
+    axis_index_groups: groups of indices along ``axis_name``.
+    use_fast_variance: accepted for compatibility (the mean square has one formula).
+    force_float32_reductions: compute statistics in at least float32 (default True).
+    use_bias: (jaxnorm) add a learned bias ``β`` (default False, as in Flax).
+    bias_init: (jaxnorm) initializer of ``β`` (default zeros).
+    epsilon_in_root: (jaxnorm) ``x / sqrt(ms + ε)`` if True (default, Flax's), else
+      ``x / (sqrt(ms) + ε)``.
+    zero_centered_scale: (jaxnorm) multiply by ``1 + γ`` with γ stored zero-centred.
+  """
+
+  epsilon: float = 1e-6
+  dtype: Dtype | None = None
+  param_dtype: Dtype = jnp.float32
+  use_scale: bool = True
+  scale_init: Initializer = initializers.ones
+  reduction_axes: Axes = -1
+  feature_axes: Axes = -1
+  axis_name: str | None = None
+  axis_index_groups: Any = None
+  use_fast_variance: bool = True
+  force_float32_reductions: bool = True
+  use_bias: bool = False
+  bias_init: Initializer = initializers.zeros
+  epsilon_in_root: bool = True
+  zero_centered_scale: bool = False
+
+  @nn.compact
+  def __call__(self, x, *, mask=None):
+    """Applies RMS normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
+    x = jnp.asarray(x)
+    feat = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
+    scale_init = self.scale_init
+    if self.zero_centered_scale:
+      def scale_init(key, shape, dtype, init=self.scale_init):
+        return init(key, shape, dtype) - 1
+    scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias,
+                                 scale_init)
+    return F.rms_norm(
+      x, scale, bias, reduction_axes=self.reduction_axes, feature_axes=feat,
+      epsilon=self.epsilon, epsilon_in_root=self.epsilon_in_root,
+      zero_centered_scale=self.zero_centered_scale, mask=mask, axis_name=self.axis_name,
+      axis_index_groups=self.axis_index_groups, dtype=self.dtype,
+      force_float32_reductions=self.force_float32_reductions,
+    )
+
+
+class GroupNorm(nn.Module):
+  """Group normalization (Wu & He 2018), drop-in for ``flax.linen.GroupNorm``.
+
+  Channels are split into ``num_groups`` contiguous groups; statistics run per sample
+  over each group and the other reduction axes. ``num_groups=1`` is LayerNorm over
+  ``(H, W, C)``; one channel per group is InstanceNorm. Beyond Flax, ``feature_axis=1``
+  handles channels-first (NCHW) data.
+
+  >>> import jax, jaxnorm
+  >>> gn = jaxnorm.GroupNorm(num_groups=2)
+  >>> x = jnp.array([[1., 2., 3., 10., 20., 30.]])
+  >>> variables = gn.init(jax.random.key(0), x)
+  >>> print(gn.apply(variables, x))
+  [[-1.2247  0.      1.2247 -1.2247  0.      1.2247]]
+
+  Attributes:
+    num_groups: number of channel groups (default 32); None when ``group_size`` is given.
+    group_size: channels per group, instead of ``num_groups``.
+    epsilon: positive constant added to the variance (default 1e-6).
+    dtype: the output dtype and the minimum dtype of the statistics (default: inferred).
+    param_dtype: dtype of ``scale`` and ``bias`` (default float32).
+    use_bias: add the learned bias ``β``.
+    use_scale: multiply by the learned scale ``γ``.
+    bias_init: initializer of ``β`` (default zeros).
+    scale_init: initializer of ``γ`` (default ones).
+    reduction_axes: axes of the statistics; must include the channel axis (default: all
+      axes except the leading batch axis).
+    axis_name: mapped axis to combine statistics across (count-weighted).
+    axis_index_groups: groups of indices along ``axis_name``.
+    use_fast_variance: accepted for compatibility; the variance is always the accurate one.
+    force_float32_reductions: compute statistics in at least float32 (default True).
+    feature_axis: (jaxnorm) the channel axis (default -1; 1 for NCHW).
+  """
+
+  num_groups: int | None = 32
+  group_size: int | None = None
+  epsilon: float = 1e-6
+  dtype: Dtype | None = None
+  param_dtype: Dtype = jnp.float32
+  use_bias: bool = True
+  use_scale: bool = True
+  bias_init: Initializer = initializers.zeros
+  scale_init: Initializer = initializers.ones
+  reduction_axes: Axes | None = None
+  axis_name: str | None = None
+  axis_index_groups: Any = None
+  use_fast_variance: bool = True
+  force_float32_reductions: bool = True
+  feature_axis: int = -1
+
+  @nn.compact
+  def __call__(self, x, *, mask=None):
+    """Applies group normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
+    x = jnp.asarray(x)
+    f = canonicalize_axes(self.feature_axis, x.ndim, name="feature_axis")[0]
+    scale, bias = _affine_params(self, (x.shape[f],), self.use_bias)
+    return F.group_norm(
+      x, scale, bias, num_groups=self.num_groups, group_size=self.group_size,
+      feature_axis=f, reduction_axes=self.reduction_axes, epsilon=self.epsilon, mask=mask,
+      axis_name=self.axis_name, axis_index_groups=self.axis_index_groups, dtype=self.dtype,
+      force_float32_reductions=self.force_float32_reductions,
+    )
+
+
+class InstanceNorm(nn.Module):
+  """Instance normalization (Ulyanov et al. 2016), drop-in for ``flax.linen.InstanceNorm``.
+
+  Statistics per (sample, channel) over every axis except the leading batch axis and
+  ``feature_axes``; ``feature_axes=1`` handles channels-first (NCHW) data.
+
+  >>> import jax, jaxnorm
+  >>> inorm = jaxnorm.InstanceNorm(feature_axes=1)        # NCHW
+  >>> x = jnp.arange(8.).reshape(1, 2, 2, 2)
+  >>> variables = inorm.init(jax.random.key(0), x)
+  >>> print(inorm.apply(variables, x)[0, 0])
+  [[-1.3416 -0.4472]
+   [ 0.4472  1.3416]]
+
+  Attributes:
+    epsilon: positive constant added to the variance (default 1e-6).
+    dtype: the output dtype and the minimum dtype of the statistics (default: inferred).
+    param_dtype: dtype of ``scale`` and ``bias`` (default float32).
+    use_bias: add the learned bias ``β``.
+    use_scale: multiply by the learned scale ``γ``.
+    bias_init: initializer of ``β`` (default zeros).
+    scale_init: initializer of ``γ`` (default ones).
+    feature_axes: the channel axes (default -1; must not include the batch axis 0).
+    axis_name: mapped axis to combine statistics across (count-weighted).
+    axis_index_groups: groups of indices along ``axis_name``.
+    use_fast_variance: accepted for compatibility; the variance is always the accurate one.
+    force_float32_reductions: compute statistics in at least float32 (default True).
+  """
+
+  epsilon: float = 1e-6
+  dtype: Dtype | None = None
+  param_dtype: Dtype = jnp.float32
+  use_bias: bool = True
+  use_scale: bool = True
+  bias_init: Initializer = initializers.zeros
+  scale_init: Initializer = initializers.ones
+  feature_axes: Axes = -1
+  axis_name: str | None = None
+  axis_index_groups: Any = None
+  use_fast_variance: bool = True
+  force_float32_reductions: bool = True
+
+  @nn.compact
+  def __call__(self, x, *, mask=None):
+    """Applies instance normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
+    x = jnp.asarray(x)
+    feat = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
+    scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias)
+    return F.instance_norm(
+      x, scale, bias, feature_axes=feat, epsilon=self.epsilon, mask=mask,
+      axis_name=self.axis_name, axis_index_groups=self.axis_index_groups, dtype=self.dtype,
+      force_float32_reductions=self.force_float32_reductions,
+    )
