@@ -1,14 +1,21 @@
-"""The normalization kernel: ``x̂ = (x - μ) / sqrt(σ² + ε)`` with a closed-form derivative.
+"""The normalization kernel: ``y = γ·(x − μ)/sqrt(σ² + ε) + β`` with a closed-form derivative.
 
-``standardize`` is a ``jax.custom_jvp``. Its tangent is the textbook one,
+``affine_normalize`` is a ``jax.custom_jvp``. With ``r = 1/sqrt(σ² + ε)``, ``x̂ = (x − μ)·r``
+and, per group, ``S₁ = Σẋ``, ``Sₓ = Σx·ẋ`` (sums over the valid elements, across devices),
+its tangent is the textbook one,
 
-    ẋ̂ = r·(ẋ − mean(ẋ)) + c·x̂·mean(x̂·ẋ),   r = 1/sqrt(σ² + ε),  c = −r
+    ẋ̂ = r·(ẋ − μ̇) + c·x̂·q,   μ̇ = S₁/n,   q = r·(Sₓ − μ·S₁)/n,   c = −r,
 
-(means over the valid elements of each group, summed across devices), which JAX transposes
-into the closed-form gradient ``dx = r·(g − mean(g) − x̂·mean(g·x̂))``. Compared with
-differentiating the statistics op by op, the compiled backward keeps only ``x̂`` and ``r`` and
-moves less memory; forward-mode and higher-order derivatives keep working because the rule is
-itself written in differentiable ``jnp``.
+(``c = −1/σ`` when ε sits outside the root), and ``ẏ = γ·ẋ̂ + γ̇·x̂ + β̇``. It is written as
+
+    ẏ = ẋ·(γr) + x·(γP) + γQ + x·(γ̇r) − γ̇rμ + β̇,   P = c·q·r,   Q = −r·μ̇ − μ·P,
+
+so that every product with a per-group factor is taken at the small, broadcastable shape.
+JAX transposes it into the closed-form gradient ``dx = γr·(g − mean(g) − x̂·mean(g·x̂))``
+whose reductions are plain sums of ``dy`` and ``x·dy``: XLA streams them without
+materializing ``x̂`` or ``γ·dy``. Forward-mode and higher-order derivatives keep working
+because the rule is itself differentiable ``jnp``. When ``|μ| ≫ σ`` (the statistics pass
+reports it), ``Sₓ − μ·S₁`` would cancel, and ``Σ(x − μ)·ẋ`` is summed instead.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm._stats import Moments, group_moments, broadcast_mask, psum
+from jaxnorm._stats import Moments, broadcast_mask, group_moments, psum
 
 
 class _Config(NamedTuple):
@@ -55,53 +62,84 @@ def inverse_std(var: jax.Array, epsilon: float, epsilon_in_root: bool = True) ->
   return 1.0 / (jnp.sqrt(var) + epsilon)
 
 
-def _valid_mean(z, valid, count, cfg):
-  """Mean of ``z`` over the valid elements of each group, across devices."""
-  if valid is not None:
-    z = jnp.where(valid, z, 0)
-  total = psum(jnp.sum(z, cfg.axes, keepdims=True), cfg.axis_name, cfg.axis_index_groups)
-  return total / jnp.maximum(count, 1)
-
-
-def _forward(x, mask, cfg):
-  stats = group_moments(
+def _primal(x, scale, bias, mask, cfg):
+  stats, uncentred_ok = group_moments(
     x, cfg.axes, cfg.center, mask, cfg.axis_name, cfg.axis_index_groups
   )
   r = inverse_std(stats.var, cfg.epsilon, cfg.epsilon_in_root)
   if mask is not None:
-    r = jnp.where(stats.count > 0, r, 0)
-  dev = x - stats.mean if cfg.center else x
-  return dev * r, stats, r, dev
+    r = jnp.where(stats.count > 0, r, 0)  # a group with no valid element: x̂ = 0, no NaN
+  g = r if scale is None else scale * r
+  y = (x - stats.mean) * g if cfg.center else x * g
+  if bias is not None:
+    y = y + bias
+  return y, stats, r, uncentred_ok
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def _standardize(x, mask, cfg):
-  xhat, stats, _, _ = _forward(x, mask, cfg)
-  return xhat, stats
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
+def _affine_normalize(x, scale, bias, mask, cfg):
+  y, stats, _, _ = _primal(x, scale, bias, mask, cfg)
+  return y, stats
 
 
-@_standardize.defjvp
-def _standardize_jvp(cfg, primals, tangents):
-  x, mask = primals
-  dx = tangents[0]
-  xhat, stats, r, dev = _forward(x, mask, cfg)
+@_affine_normalize.defjvp
+def _affine_normalize_jvp(cfg, primals, tangents):
+  x, scale, bias, mask = primals
+  dx, dscale, dbias, _ = tangents
+  y, stats, r, uncentred_ok = _primal(x, scale, bias, mask, cfg)
+  mean, var, count = stats
+  inv_n = 1.0 / jnp.maximum(count, 1)
   valid = None if mask is None else broadcast_mask(mask, x.shape)
-  count = stats.count
-  dmean = _valid_mean(dx, valid, count, cfg) if cfg.center else jnp.zeros_like(stats.mean)
-  q = _valid_mean(xhat * dx, valid, count, cfg)
+
+  def group_sum(z):
+    if valid is not None:
+      z = jnp.where(valid, z, 0)
+    return psum(jnp.sum(z, cfg.axes, keepdims=True), cfg.axis_name, cfg.axis_index_groups)
+
+  if cfg.center:
+    s1 = group_sum(dx)
+    dmean = s1 * inv_n
+
+    def uncentred(dx):
+      return (group_sum(x * dx) - mean * s1) * inv_n
+
+    def centred(dx):
+      return group_sum((x - mean) * dx) * inv_n
+
+    if uncentred_ok is True:
+      cov = uncentred(dx)
+    elif uncentred_ok is False:
+      cov = centred(dx)
+    else:
+      cov = lax.cond(uncentred_ok, uncentred, centred, dx)
+  else:
+    dmean = jnp.zeros_like(mean)
+    cov = group_sum(x * dx) * inv_n
   if cfg.epsilon_in_root:
     c = -r
   else:
-    std = jnp.sqrt(stats.var)
+    std = jnp.sqrt(var)
     c = jnp.where(std > 0, -1.0 / jnp.where(std > 0, std, 1.0), 0.0)
-  dxhat = r * (dx - dmean) + xhat * (c * q)
-  dvar = 2.0 * _valid_mean(dev * dx, valid, count, cfg)
-  return (xhat, stats), (dxhat, Moments(dmean, dvar, jnp.zeros_like(count)))
+  p = c * r * r * cov
+  gamma = 1.0 if scale is None else scale
+  dy = dx * (gamma * r) + x * (gamma * p)
+  if cfg.center:
+    dy = dy - gamma * (r * dmean + mean * p)
+  if dscale is not None:
+    dy = dy + x * (dscale * r)
+    if cfg.center:
+      dy = dy - dscale * (r * mean)
+  if dbias is not None:
+    dy = dy + dbias
+  dstats = Moments(dmean, 2.0 * cov, jnp.zeros_like(count))
+  return (y, stats), (dy, dstats)
 
 
-def standardize(
+def affine_normalize(
   x: jax.Array,
   axes: tuple[int, ...],
+  scale: jax.Array | None = None,
+  bias: jax.Array | None = None,
   *,
   center: bool = True,
   epsilon: float = 1e-5,
@@ -110,11 +148,13 @@ def standardize(
   axis_name: Any = None,
   axis_index_groups: Any = None,
 ) -> tuple[jax.Array, Moments]:
-  """Normalizes ``x`` (already in its reduction dtype) over canonical ``axes``.
+  """Normalizes ``x`` (already in its reduction dtype) over ``axes`` and applies ``γ, β``.
 
   Args:
     x: the input, in the dtype the statistics are computed in.
     axes: sorted non-negative axes to reduce over.
+    scale: optional ``γ``, broadcastable to ``x`` (size 1 on the non-feature axes).
+    bias: optional ``β``, broadcastable to ``x``.
     center: subtract the mean (False: RMS normalization, ``x / sqrt(mean(x²) + ε)``).
     epsilon: the positive constant added to the variance (or, with
       ``epsilon_in_root=False``, to the standard deviation).
@@ -125,7 +165,7 @@ def standardize(
     axis_index_groups: optional index groups along ``axis_name``.
 
   Returns:
-    ``(x̂, Moments)`` with the moments' reduced dimensions kept (size 1).
+    ``(y, Moments)`` with the moments' reduced dimensions kept (size 1).
   """
   groups = None
   if axis_index_groups is not None:
@@ -134,7 +174,7 @@ def standardize(
                 axis_name, groups)
   if mask is not None:
     mask = broadcast_mask(mask, x.shape)
-  return _standardize(x, mask, cfg)
+  return _affine_normalize(x, scale, bias, mask, cfg)
 
 
 def apply_moments(

@@ -1,7 +1,7 @@
 """Pure normalization functions: ``normalize`` and one function per norm.
 
-Each function chooses its axes, calls the kernel (:func:`jaxnorm._kernel.standardize`) and
-applies the optional affine map ``y = γ·x̂ + β``. Statistics are computed in at least
+Each function chooses its axes, calls the kernel (:func:`jaxnorm._kernel.affine_normalize`), which
+normalizes and applies the optional affine map ``y = γ·x̂ + β``. Statistics are computed in at least
 float32 (see :func:`jaxnorm.reduction_dtype`); the output dtype follows Flax: ``dtype`` if
 given, else the promotion of the input's and the parameters' dtypes.
 """
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm._axes import Axes, broadcast_shape, canonicalize_axes, complement, kept_shape
-from jaxnorm._kernel import apply_moments, standardize
+from jaxnorm._kernel import affine_normalize, apply_moments
 from jaxnorm._stats import Moments, broadcast_mask, group_moments, reduction_dtype
 
 
@@ -127,40 +127,48 @@ def normalize(
     out_dtype = output_dtype(x)
     xs = x.astype(reduction_dtype(x.dtype))
     if scale:
-      y, _ = standardize(xs, axes, center=center, epsilon=epsilon, mask=mask,
-                         axis_name=axis_name, axis_index_groups=axis_index_groups)
+      y, _ = affine_normalize(xs, axes, center=center, epsilon=epsilon, mask=mask,
+                              axis_name=axis_name, axis_index_groups=axis_index_groups)
     elif center:
       if mask is not None:
         mask = broadcast_mask(mask, xs.shape)
-      stats = group_moments(xs, axes, True, mask, axis_name, axis_index_groups)
+      stats, _ = group_moments(xs, axes, True, mask, axis_name, axis_index_groups)
       y = xs - stats.mean
     else:
       y = xs
     return y.astype(out_dtype)
 
 
-def _standardized(x, reduction_axes, *, center=True, epsilon, epsilon_in_root=True, mask=None,
-                  axis_name=None, axis_index_groups=None, dtype=None,
-                  force_float32_reductions=True):
-  """Casts ``x`` to its reduction dtype and normalizes it: returns ``(x̂, Moments)``."""
-  xs = x.astype(reduction_dtype(x.dtype, dtype, force_float32_reductions))
-  return standardize(
-    xs, reduction_axes, center=center, epsilon=epsilon, epsilon_in_root=epsilon_in_root,
-    mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups,
+def _norm(x, reduction_axes, feature_axes, scale, bias, *, center=True, epsilon,
+          epsilon_in_root=True, zero_centered_scale=False, mask=None, axis_name=None,
+          axis_index_groups=None, dtype=None, force_float32_reductions=True, grouped=None):
+  """Shared body of the per-norm functions: checks and reshapes the parameters, runs the
+  kernel in the reduction dtype, casts to Flax's output dtype.
+
+  With ``grouped`` (GroupNorm), ``x``, the parameters and the mask are viewed with the
+  feature axis split into ``(groups, group size)``; ``reduction_axes`` and
+  ``feature_axes`` then refer to that view.
+  """
+  out_dtype = output_dtype(x, scale, bias, dtype=dtype)
+  cdt = reduction_dtype(x.dtype, dtype, force_float32_reductions)
+  view = x.shape if grouped is None else grouped
+  params = []
+  for name, p in (("scale", scale), ("bias", bias)):
+    if p is not None:
+      p = _param(p, name, x.shape, feature_axes if grouped is None else (feature_axes[0],))
+      p = p.reshape(broadcast_shape(view, feature_axes)).astype(cdt)
+    params.append(p)
+  gamma, beta = params
+  if gamma is not None and zero_centered_scale:
+    gamma = 1 + gamma
+  if mask is not None:
+    mask = broadcast_mask(mask, x.shape).reshape(view)
+  y, stats = affine_normalize(
+    x.astype(cdt).reshape(view), reduction_axes, gamma, beta, center=center,
+    epsilon=epsilon, epsilon_in_root=epsilon_in_root, mask=mask, axis_name=axis_name,
+    axis_index_groups=axis_index_groups,
   )
-
-
-def _finish(x, xhat, scale, bias, feature_axes, dtype, zero_centered_scale=False):
-  """Applies the affine map to ``x̂`` and casts to Flax's output dtype."""
-  y = affine(xhat, scale, bias, feature_axes, zero_centered_scale=zero_centered_scale)
-  return y.astype(output_dtype(x, scale, bias, dtype=dtype))
-
-
-def _norm(x, reduction_axes, feature_axes, scale, bias, *, dtype=None,
-          zero_centered_scale=False, **kwargs):
-  """Shared body of the per-norm functions: statistics, normalization, affine, cast."""
-  xhat, stats = _standardized(x, reduction_axes, dtype=dtype, **kwargs)
-  return _finish(x, xhat, scale, bias, feature_axes, dtype, zero_centered_scale), stats
+  return y.reshape(x.shape).astype(out_dtype), stats
 
 
 def layer_norm(
@@ -405,12 +413,10 @@ def group_norm(
     groups = resolve_groups(channels, num_groups, group_size)
     grouped = x.shape[:f] + (groups, channels // groups) + x.shape[f + 1:]
     gred = tuple(sorted(a if a < f else a + 1 for a in red))
-    if mask is not None:
-      mask = broadcast_mask(mask, x.shape).reshape(grouped)
-    xhat, _ = _standardized(x.reshape(grouped), gred, epsilon=epsilon, mask=mask,
-                            axis_name=axis_name, axis_index_groups=axis_index_groups,
-                            dtype=dtype, force_float32_reductions=force_float32_reductions)
-    return _finish(x, xhat.reshape(x.shape), scale, bias, (f,), dtype)
+    y, _ = _norm(x, gred, (f, f + 1), scale, bias, epsilon=epsilon, mask=mask,
+                 axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype,
+                 force_float32_reductions=force_float32_reductions, grouped=grouped)
+    return y
 
 
 def batch_norm_axes(ndim: int, feature_axes: tuple[int, ...],
@@ -505,7 +511,8 @@ def batch_norm(
           )
         stats.append(s.astype(cdt).reshape(bshape))
       xhat = apply_moments(x.astype(cdt), *stats, epsilon=epsilon)
-      return _finish(x, xhat, scale, bias, feat, dtype)
+      y = affine(xhat, scale, bias, feat)
+      return y.astype(output_dtype(x, scale, bias, dtype=dtype))
     n = math.prod(x.shape[a] for a in red)
     if n == 1 and axis_name is None:
       raise ValueError(
