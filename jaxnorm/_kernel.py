@@ -96,42 +96,44 @@ def _affine_normalize_jvp(cfg, primals, tangents):
       z = jnp.where(valid, z, 0)
     return psum(jnp.sum(z, cfg.axes, keepdims=True), cfg.axis_name, cfg.axis_index_groups)
 
-  if cfg.center:
-    s1 = group_sum(dx)
-    dmean = s1 * inv_n
-
-    def uncentred(dx):
-      return (group_sum(x * dx) - mean * s1) * inv_n
-
-    def centred(dx):
-      return group_sum((x - mean) * dx) * inv_n
-
-    if uncentred_ok is True:
-      cov = uncentred(dx)
-    elif uncentred_ok is False:
-      cov = centred(dx)
-    else:
-      cov = lax.cond(uncentred_ok, uncentred, centred, dx)
-  else:
-    dmean = jnp.zeros_like(mean)
-    cov = group_sum(x * dx) * inv_n
   if cfg.epsilon_in_root:
     c = -r
   else:
     std = jnp.sqrt(var)
     c = jnp.where(std > 0, -1.0 / jnp.where(std > 0, std, 1.0), 0.0)
-  p = c * r * r * cov
   gamma = 1.0 if scale is None else scale
-  dy = dx * (gamma * r) + x * (gamma * p)
-  if cfg.center:
-    dy = dy - gamma * (r * dmean + mean * p)
-  if dscale is not None:
-    dy = dy + x * (dscale * r)
+
+  def tangent(centred, dx, dscale, dbias):
+    if not cfg.center:
+      dmean = jnp.zeros_like(mean)
+      cov = group_sum(x * dx) * inv_n
+    else:
+      s1 = group_sum(dx)
+      dmean = s1 * inv_n
+      if centred:
+        cov = group_sum((x - mean) * dx) * inv_n
+      else:
+        cov = (group_sum(x * dx) - mean * s1) * inv_n
+    p = c * r * r * cov
+    dy = dx * (gamma * r) + x * (gamma * p)
     if cfg.center:
-      dy = dy - dscale * (r * mean)
-  if dbias is not None:
-    dy = dy + dbias
-  dstats = Moments(dmean, 2.0 * cov, jnp.zeros_like(count))
+      dy = dy + gamma * (-(r * dmean + mean * p))
+    if dscale is not None:
+      if centred:
+        dy = dy + (x - mean) * r * dscale
+      else:
+        dy = dy + x * (dscale * r)
+        if cfg.center:
+          dy = dy + dscale * (-(r * mean))
+    if dbias is not None:
+      dy = dy + dbias
+    return dy, Moments(dmean, 2.0 * cov, jnp.zeros_like(count))
+
+  # With a mask or across devices the derivative sums ``(x − μ)·ẋ`` (exact). Otherwise it
+  # sums ``x·ẋ`` and subtracts ``μ·Σẋ``: plain sums that XLA streams, at the price of
+  # ~eps·|μ|/σ·sqrt(n) relative error in the gradient of far off-centre data. A lax.cond on
+  # the statistics pass's conditioning flag would fix that, but measured 10–30 % slower.
+  dy, dstats = tangent(uncentred_ok is False, dx, dscale, dbias)
   return (y, stats), (dy, dstats)
 
 
