@@ -73,14 +73,16 @@ def broadcast_mask(mask: Any, shape: tuple[int, ...]) -> jax.Array:
 
 def _fast_or_two_pass(x, axes, inv_n):
   """Mean and centred variance, from one parallel pass of ``Σx`` and ``Σx²`` when that is
-  exact enough, else from a second pass over ``x − mean``.
+  exact enough, else from a second, corrected pass over ``x − mean``.
 
   ``E[x²] − E[x]²`` loses about ``eps·mean²/var`` of relative precision (float32: 2.5e-7
   per unit of ``mean²/var``, measured). When every group has ``mean² ≤ limit·var`` with
   ``limit = 2e-6/eps`` (about 17 in float32), its relative error stays under ~5e-6 and it is
-  used as is; otherwise (offset data, constant groups) ``lax.cond`` runs the two-pass
-  ``mean((x − mean)²)``, exact to rounding. Ordinary data thus costs what Flax's fast
-  variance costs, and ill-conditioned data gets the accurate answer.
+  used as is; otherwise (offset data, constant groups) ``lax.cond`` runs the corrected
+  two-pass algorithm (Chan, Golub & LeVeque 1983): with ``d = x − mean``,
+  ``mean += mean(d)`` and ``var = mean(d²) − mean(d)²``, exact to rounding. Ordinary data
+  thus costs what Flax's fast variance costs, and ill-conditioned data gets the accurate
+  answer.
   """
   mean = jnp.sum(x, axes, keepdims=True) * inv_n
   fast = jnp.maximum(jnp.sum(x * x, axes, keepdims=True) * inv_n - mean * mean, 0)
@@ -89,9 +91,12 @@ def _fast_or_two_pass(x, axes, inv_n):
 
   def two_pass(operands):
     x, mean, _ = operands
-    return jnp.sum(jnp.square(x - mean), axes, keepdims=True) * inv_n
+    d = x - mean
+    shift = jnp.sum(d, axes, keepdims=True) * inv_n
+    var = jnp.sum(d * d, axes, keepdims=True) * inv_n - shift * shift
+    return mean + shift, jnp.maximum(var, 0)
 
-  var = lax.cond(well_conditioned, lambda ops: ops[2], two_pass, (x, mean, fast))
+  mean, var = lax.cond(well_conditioned, lambda ops: ops[1:], two_pass, (x, mean, fast))
   return mean, var, well_conditioned
 
 
