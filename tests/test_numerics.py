@@ -56,11 +56,11 @@ def test_group_norm_identities(channel_axis, rng):
   np.testing.assert_allclose(by_size, instance, atol=1e-5)
 
 
-@pytest.mark.parametrize("offset,tol", [(1e4, 1e-2), (1e6, 0.25)])
+@pytest.mark.parametrize("offset,tol", [(1e4, 1e-2), (1e6, 0.1)])
 @pytest.mark.parametrize("norm", ["batch", "layer", "instance", "group"])
 def test_large_offset_stays_accurate(norm, offset, tol, rng):
   """float32 data with mean ≫ std: the reference sees the same rounded data. At 1e6 the
-  input itself is quantized to 1/16, so only the order of the error is checked there."""
+  mean itself can only be stored to 1/16, which bounds what float32 can do there."""
   x = (rng.normal(0.0, 1.0, (8, 6, 6, 16)) + offset).astype(np.float32)
   fns = {
     "batch": (lambda x: jaxnorm.batch_norm(x)[0], lambda x: ref.batch_norm(x)[0],
