@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm._stats import Moments, broadcast_mask, group_moments, psum
+from jaxnorm._stats import Moments, broadcast_mask, freeze_groups, group_moments, psum
 
 
 class _Config(NamedTuple):
@@ -169,14 +169,16 @@ def affine_normalize(
   Returns:
     ``(y, Moments)`` with the moments' reduced dimensions kept (size 1).
   """
-  groups = None
-  if axis_index_groups is not None:
-    groups = tuple(tuple(int(i) for i in g) for g in axis_index_groups)
   cfg = _Config(tuple(axes), bool(center), check_epsilon(epsilon), bool(epsilon_in_root),
-                axis_name, groups)
+                axis_name, freeze_groups(axis_index_groups))
   if mask is not None:
     mask = broadcast_mask(mask, x.shape)
-  return _affine_normalize(x, scale, bias, mask, cfg)
+  return _compiled_affine_normalize(x, scale, bias, mask, cfg)
+
+
+# Compiled once per shape and configuration: eager calls run one XLA program instead of
+# dispatching every operation; under an outer jit this is simply inlined.
+_compiled_affine_normalize = jax.jit(_affine_normalize, static_argnums=(4,))
 
 
 def apply_moments(

@@ -58,6 +58,13 @@ def psum(value: Any, axis_name: Any, axis_index_groups: Any = None) -> Any:
   return lax.psum(value, axis_name, axis_index_groups=axis_index_groups)
 
 
+def freeze_groups(axis_index_groups: Any) -> tuple[tuple[int, ...], ...] | None:
+  """``axis_index_groups`` as a tuple of tuples (hashable, so it can be a static argument)."""
+  if axis_index_groups is None:
+    return None
+  return tuple(tuple(int(i) for i in group) for group in axis_index_groups)
+
+
 def broadcast_mask(mask: Any, shape: tuple[int, ...]) -> jax.Array:
   """Returns ``mask`` as a boolean array of ``shape``, or raises a clear ``ValueError``."""
   mask = jnp.asarray(mask)

@@ -8,6 +8,7 @@ given, else the promotion of the input's and the parameters' dtypes.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -16,7 +17,13 @@ import jax.numpy as jnp
 
 from jaxnorm._axes import Axes, broadcast_shape, canonicalize_axes, complement, kept_shape
 from jaxnorm._kernel import affine_normalize, apply_moments
-from jaxnorm._stats import Moments, broadcast_mask, group_moments, reduction_dtype
+from jaxnorm._stats import (
+  Moments,
+  broadcast_mask,
+  freeze_groups,
+  group_moments,
+  reduction_dtype,
+)
 
 
 def output_dtype(x: Any, *params: Any, dtype: Any = None) -> jnp.dtype:
@@ -130,13 +137,19 @@ def normalize(
       y, _ = affine_normalize(xs, axes, center=center, epsilon=epsilon, mask=mask,
                               axis_name=axis_name, axis_index_groups=axis_index_groups)
     elif center:
-      if mask is not None:
-        mask = broadcast_mask(mask, xs.shape)
-      stats, _ = group_moments(xs, axes, True, mask, axis_name, axis_index_groups)
-      y = xs - stats.mean
+      y = _subtract_mean(xs, axes, mask, axis_name, freeze_groups(axis_index_groups))
     else:
       y = xs
     return y.astype(out_dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 3, 4))
+def _subtract_mean(x, axes, mask, axis_name, axis_index_groups):
+  """Mean-only normalization ``x − mean(x)`` (compiled once per shape, as the kernel)."""
+  if mask is not None:
+    mask = broadcast_mask(mask, x.shape)
+  stats, _ = group_moments(x, axes, True, mask, axis_name, axis_index_groups)
+  return x - stats.mean
 
 
 def _norm(x, reduction_axes, feature_axes, scale, bias, *, center=True, epsilon,

@@ -5,6 +5,8 @@ outputs, same updated batch_stats and same gradients on ordinary data; Flax chec
 load unchanged.
 """
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -129,7 +131,7 @@ class _Net(nn.Module):
     x = nn.Conv(16, (3, 3))(x)
     x = self.lib.GroupNorm(num_groups=4)(x)
     x = nn.relu(x)
-    x = self.lib.InstanceNorm()(x)
+    x = nn.relu(self.lib.InstanceNorm()(x))  # (the spatial mean of IN's output alone is β)
     x = x.mean((1, 2))
     x = self.lib.LayerNorm()(x)
     x = self.lib.RMSNorm()(nn.Dense(16)(x))
@@ -148,6 +150,7 @@ def test_model_swap_and_checkpoint_roundtrip(rng):
   restored = serialization.from_bytes(v_ours, serialization.to_bytes(v_flax))
   jax.tree_util.tree_map(np.testing.assert_array_equal, restored, v_flax)
 
+  @functools.partial(jax.jit, static_argnums=0)
   def step(net, variables):
     def loss(params):
       out, upd = net.apply({**variables, "params": params}, x, train=True,
