@@ -79,10 +79,20 @@ def main():
     cot = jax.random.normal(jax.random.key(7), x.shape, x.dtype)
     for p, name, fargs in ((0, "forward", (x,)), (1, "fwd+bwd", (x, cot))):
       t_ours, t_flax = time_pair(ours[p], theirs[p], (ours[2], *fargs), args.repeats)
-      rows.append(dict(norm=norm, shape=shape_name, pass_=name, jaxnorm_ms=t_ours * 1e3,
-                       flax_ms=t_flax * 1e3, ratio=t_ours / t_flax))
-      print(f"{norm:13s} {shape_name:12s} {name:8s} jaxnorm {t_ours*1e3:8.2f} ms  "
-            f"flax {t_flax*1e3:8.2f} ms  ratio {t_ours/t_flax:.3f}")
+      rows.append(
+        dict(
+          norm=norm,
+          shape=shape_name,
+          pass_=name,
+          jaxnorm_ms=t_ours * 1e3,
+          flax_ms=t_flax * 1e3,
+          ratio=t_ours / t_flax,
+        )
+      )
+      print(
+        f"{norm:13s} {shape_name:12s} {name:8s} jaxnorm {t_ours * 1e3:8.2f} ms  "
+        f"flax {t_flax * 1e3:8.2f} ms  ratio {t_ours / t_flax:.3f}"
+      )
   summary = {}
   for name in ("forward", "fwd+bwd"):
     ratios = [r["ratio"] for r in rows if r["pass_"] == name]

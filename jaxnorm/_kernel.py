@@ -169,8 +169,14 @@ def affine_normalize(
   Returns:
     ``(y, Moments)`` with the moments' reduced dimensions kept (size 1).
   """
-  cfg = _Config(tuple(axes), bool(center), check_epsilon(epsilon), bool(epsilon_in_root),
-                axis_name, freeze_groups(axis_index_groups))
+  cfg = _Config(
+    tuple(axes),
+    bool(center),
+    check_epsilon(epsilon),
+    bool(epsilon_in_root),
+    axis_name,
+    freeze_groups(axis_index_groups),
+  )
   if mask is not None:
     mask = broadcast_mask(mask, x.shape)
   return _compiled_affine_normalize(x, scale, bias, mask, cfg)

@@ -134,8 +134,15 @@ def normalize(
     out_dtype = output_dtype(x)
     xs = x.astype(reduction_dtype(x.dtype))
     if scale:
-      y, _ = affine_normalize(xs, axes, center=center, epsilon=epsilon, mask=mask,
-                              axis_name=axis_name, axis_index_groups=axis_index_groups)
+      y, _ = affine_normalize(
+        xs,
+        axes,
+        center=center,
+        epsilon=epsilon,
+        mask=mask,
+        axis_name=axis_name,
+        axis_index_groups=axis_index_groups,
+      )
     elif center:
       y = _subtract_mean(xs, axes, mask, axis_name, freeze_groups(axis_index_groups))
     else:
@@ -152,9 +159,24 @@ def _subtract_mean(x, axes, mask, axis_name, axis_index_groups):
   return x - stats.mean
 
 
-def _norm(x, reduction_axes, feature_axes, scale, bias, *, center=True, epsilon,
-          epsilon_in_root=True, zero_centered_scale=False, mask=None, axis_name=None,
-          axis_index_groups=None, dtype=None, force_float32_reductions=True, grouped=None):
+def _norm(
+  x,
+  reduction_axes,
+  feature_axes,
+  scale,
+  bias,
+  *,
+  center=True,
+  epsilon,
+  epsilon_in_root=True,
+  zero_centered_scale=False,
+  mask=None,
+  axis_name=None,
+  axis_index_groups=None,
+  dtype=None,
+  force_float32_reductions=True,
+  grouped=None,
+):
   """Shared body of the per-norm functions: checks and reshapes the parameters, runs the
   kernel in the reduction dtype, casts to Flax's output dtype.
 
@@ -177,8 +199,15 @@ def _norm(x, reduction_axes, feature_axes, scale, bias, *, center=True, epsilon,
   if mask is not None:
     mask = broadcast_mask(mask, x.shape).reshape(view)
   y, stats = affine_normalize(
-    x.astype(cdt).reshape(view), reduction_axes, gamma, beta, center=center,
-    epsilon=epsilon, epsilon_in_root=epsilon_in_root, mask=mask, axis_name=axis_name,
+    x.astype(cdt).reshape(view),
+    reduction_axes,
+    gamma,
+    beta,
+    center=center,
+    epsilon=epsilon,
+    epsilon_in_root=epsilon_in_root,
+    mask=mask,
+    axis_name=axis_name,
     axis_index_groups=axis_index_groups,
   )
   return y.reshape(x.shape).astype(out_dtype), stats
@@ -227,9 +256,19 @@ def layer_norm(
     x = jnp.asarray(x)
     red = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
     feat = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
-    y, _ = _norm(x, red, feat, scale, bias, epsilon=epsilon, mask=mask, axis_name=axis_name,
-                 axis_index_groups=axis_index_groups, dtype=dtype,
-                 force_float32_reductions=force_float32_reductions)
+    y, _ = _norm(
+      x,
+      red,
+      feat,
+      scale,
+      bias,
+      epsilon=epsilon,
+      mask=mask,
+      axis_name=axis_name,
+      axis_index_groups=axis_index_groups,
+      dtype=dtype,
+      force_float32_reductions=force_float32_reductions,
+    )
     return y
 
 
@@ -276,10 +315,22 @@ def rms_norm(
     x = jnp.asarray(x)
     red = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
     feat = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
-    y, _ = _norm(x, red, feat, scale, bias, center=False, epsilon=epsilon,
-                 epsilon_in_root=epsilon_in_root, zero_centered_scale=zero_centered_scale,
-                 mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups,
-                 dtype=dtype, force_float32_reductions=force_float32_reductions)
+    y, _ = _norm(
+      x,
+      red,
+      feat,
+      scale,
+      bias,
+      center=False,
+      epsilon=epsilon,
+      epsilon_in_root=epsilon_in_root,
+      zero_centered_scale=zero_centered_scale,
+      mask=mask,
+      axis_name=axis_name,
+      axis_index_groups=axis_index_groups,
+      dtype=dtype,
+      force_float32_reductions=force_float32_reductions,
+    )
     return y
 
 
@@ -330,9 +381,19 @@ def instance_norm(
         f"an input of shape {x.shape}; channels go at -1 (NHWC) or 1 (NCHW)."
       )
     red = tuple(a for a in range(1, x.ndim) if a not in feat)
-    y, _ = _norm(x, red, feat, scale, bias, epsilon=epsilon, mask=mask, axis_name=axis_name,
-                 axis_index_groups=axis_index_groups, dtype=dtype,
-                 force_float32_reductions=force_float32_reductions)
+    y, _ = _norm(
+      x,
+      red,
+      feat,
+      scale,
+      bias,
+      epsilon=epsilon,
+      mask=mask,
+      axis_name=axis_name,
+      axis_index_groups=axis_index_groups,
+      dtype=dtype,
+      force_float32_reductions=force_float32_reductions,
+    )
     return y
 
 
@@ -424,16 +485,28 @@ def group_norm(
       )
     channels = x.shape[f]
     groups = resolve_groups(channels, num_groups, group_size)
-    grouped = x.shape[:f] + (groups, channels // groups) + x.shape[f + 1:]
+    grouped = x.shape[:f] + (groups, channels // groups) + x.shape[f + 1 :]
     gred = tuple(sorted(a if a < f else a + 1 for a in red))
-    y, _ = _norm(x, gred, (f, f + 1), scale, bias, epsilon=epsilon, mask=mask,
-                 axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype,
-                 force_float32_reductions=force_float32_reductions, grouped=grouped)
+    y, _ = _norm(
+      x,
+      gred,
+      (f, f + 1),
+      scale,
+      bias,
+      epsilon=epsilon,
+      mask=mask,
+      axis_name=axis_name,
+      axis_index_groups=axis_index_groups,
+      dtype=dtype,
+      force_float32_reductions=force_float32_reductions,
+      grouped=grouped,
+    )
     return y
 
 
-def batch_norm_axes(ndim: int, feature_axes: tuple[int, ...],
-                    reduction_axes: Axes | None) -> tuple[int, ...]:
+def batch_norm_axes(
+  ndim: int, feature_axes: tuple[int, ...], reduction_axes: Axes | None
+) -> tuple[int, ...]:
   """BatchNorm's reduction axes: ``reduction_axes`` checked against the feature axes, or
   every non-feature axis when None."""
   if reduction_axes is None:
@@ -534,7 +607,17 @@ def batch_norm(
         f"output would be just the bias). Use a batch larger than 1, normalize with running "
         f"statistics (use_running_average=True), or use LayerNorm/GroupNorm."
       )
-    y, stats = _norm(x, red, feat, scale, bias, epsilon=epsilon, mask=mask,
-                     axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype,
-                     force_float32_reductions=force_float32_reductions)
+    y, stats = _norm(
+      x,
+      red,
+      feat,
+      scale,
+      bias,
+      epsilon=epsilon,
+      mask=mask,
+      axis_name=axis_name,
+      axis_index_groups=axis_index_groups,
+      dtype=dtype,
+      force_float32_reductions=force_float32_reductions,
+    )
     return y, Moments(*(jnp.squeeze(s, red) for s in stats))

@@ -21,7 +21,6 @@ import math
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 from jax.nn import initializers
 
@@ -33,8 +32,9 @@ Initializer = Any
 Dtype = Any
 
 
-def _affine_params(module: nn.Module, shape: tuple[int, ...], use_bias: bool,
-                   scale_init: Initializer | None = None):
+def _affine_params(
+  module: nn.Module, shape: tuple[int, ...], use_bias: bool, scale_init: Initializer | None = None
+):
   """Creates ``scale`` then ``bias`` (Flax's order, so random initializers match)."""
   scale = bias = None
   if module.use_scale:
@@ -138,16 +138,26 @@ class BatchNorm(nn.Module):
     ra_mean = self.variable("batch_stats", "mean", jnp.zeros, stats_shape, stat_dtype)
     ra_var = self.variable("batch_stats", "var", jnp.ones, stats_shape, stat_dtype)
     scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias)
-    common = dict(axis=feat, reduction_axes=red, epsilon=self.epsilon, dtype=self.dtype,
-                  force_float32_reductions=self.force_float32_reductions)
+    common = dict(
+      axis=feat,
+      reduction_axes=red,
+      epsilon=self.epsilon,
+      dtype=self.dtype,
+      force_float32_reductions=self.force_float32_reductions,
+    )
     initializing = self.is_initializing()
     one_value = math.prod(x.shape[a] for a in red) == 1
     if use_ra or (initializing and one_value):
       # A dummy batch of one at init is normalized with the initial running statistics.
       return F.batch_norm(x, scale, bias, mean=ra_mean.value, var=ra_var.value, **common)
     y, stats = F.batch_norm(
-      x, scale, bias, mask=mask, axis_name=None if initializing else self.axis_name,
-      axis_index_groups=self.axis_index_groups, **common,
+      x,
+      scale,
+      bias,
+      mask=mask,
+      axis_name=None if initializing else self.axis_name,
+      axis_index_groups=self.axis_index_groups,
+      **common,
     )
     if not initializing:
       ra_mean.value, ra_var.value = update_running_average(
@@ -206,9 +216,16 @@ class LayerNorm(nn.Module):
     feat = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
     scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias)
     return F.layer_norm(
-      x, scale, bias, reduction_axes=self.reduction_axes, feature_axes=feat,
-      epsilon=self.epsilon, mask=mask, axis_name=self.axis_name,
-      axis_index_groups=self.axis_index_groups, dtype=self.dtype,
+      x,
+      scale,
+      bias,
+      reduction_axes=self.reduction_axes,
+      feature_axes=feat,
+      epsilon=self.epsilon,
+      mask=mask,
+      axis_name=self.axis_name,
+      axis_index_groups=self.axis_index_groups,
+      dtype=self.dtype,
       force_float32_reductions=self.force_float32_reductions,
     )
 
@@ -269,15 +286,24 @@ class RMSNorm(nn.Module):
     feat = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
     scale_init = self.scale_init
     if self.zero_centered_scale:
+
       def scale_init(key, shape, dtype, init=self.scale_init):
         return init(key, shape, dtype) - 1
-    scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias,
-                                 scale_init)
+
+    scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias, scale_init)
     return F.rms_norm(
-      x, scale, bias, reduction_axes=self.reduction_axes, feature_axes=feat,
-      epsilon=self.epsilon, epsilon_in_root=self.epsilon_in_root,
-      zero_centered_scale=self.zero_centered_scale, mask=mask, axis_name=self.axis_name,
-      axis_index_groups=self.axis_index_groups, dtype=self.dtype,
+      x,
+      scale,
+      bias,
+      reduction_axes=self.reduction_axes,
+      feature_axes=feat,
+      epsilon=self.epsilon,
+      epsilon_in_root=self.epsilon_in_root,
+      zero_centered_scale=self.zero_centered_scale,
+      mask=mask,
+      axis_name=self.axis_name,
+      axis_index_groups=self.axis_index_groups,
+      dtype=self.dtype,
       force_float32_reductions=self.force_float32_reductions,
     )
 
@@ -339,9 +365,18 @@ class GroupNorm(nn.Module):
     f = canonicalize_axes(self.feature_axis, x.ndim, name="feature_axis")[0]
     scale, bias = _affine_params(self, (x.shape[f],), self.use_bias)
     return F.group_norm(
-      x, scale, bias, num_groups=self.num_groups, group_size=self.group_size,
-      feature_axis=f, reduction_axes=self.reduction_axes, epsilon=self.epsilon, mask=mask,
-      axis_name=self.axis_name, axis_index_groups=self.axis_index_groups, dtype=self.dtype,
+      x,
+      scale,
+      bias,
+      num_groups=self.num_groups,
+      group_size=self.group_size,
+      feature_axis=f,
+      reduction_axes=self.reduction_axes,
+      epsilon=self.epsilon,
+      mask=mask,
+      axis_name=self.axis_name,
+      axis_index_groups=self.axis_index_groups,
+      dtype=self.dtype,
       force_float32_reductions=self.force_float32_reductions,
     )
 
@@ -395,7 +430,14 @@ class InstanceNorm(nn.Module):
     feat = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
     scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias)
     return F.instance_norm(
-      x, scale, bias, feature_axes=feat, epsilon=self.epsilon, mask=mask,
-      axis_name=self.axis_name, axis_index_groups=self.axis_index_groups, dtype=self.dtype,
+      x,
+      scale,
+      bias,
+      feature_axes=feat,
+      epsilon=self.epsilon,
+      mask=mask,
+      axis_name=self.axis_name,
+      axis_index_groups=self.axis_index_groups,
+      dtype=self.dtype,
       force_float32_reductions=self.force_float32_reductions,
     )

@@ -76,8 +76,7 @@ def running_average(running, batch, momentum):
   return momentum * _f64(running) + (1.0 - momentum) * _f64(batch)
 
 
-def layer_norm(x, gamma=None, beta=None, reduction_axes=-1, feature_axes=-1, eps=1e-6,
-               mask=None):
+def layer_norm(x, gamma=None, beta=None, reduction_axes=-1, feature_axes=-1, eps=1e-6, mask=None):
   """LayerNorm: statistics per sample over ``reduction_axes``."""
   x = _f64(x)
   feat = tuple(a % x.ndim for a in np.atleast_1d(feature_axes))
@@ -85,8 +84,9 @@ def layer_norm(x, gamma=None, beta=None, reduction_axes=-1, feature_axes=-1, eps
   return _affine((x - mean) / np.sqrt(var + eps), gamma, beta, feat)
 
 
-def rms_norm(x, gamma=None, beta=None, axes=-1, eps=1e-6, eps_in_root=True,
-             zero_centered=False, mask=None):
+def rms_norm(
+  x, gamma=None, beta=None, axes=-1, eps=1e-6, eps_in_root=True, zero_centered=False, mask=None
+):
   """RMSNorm: x / sqrt(mean(x²) + ε), or x / (sqrt(mean(x²)) + ε)."""
   x = _f64(x)
   _, ms, _ = stats(x, axes, False, mask)
@@ -117,8 +117,8 @@ def group_norm(x, num_groups, gamma=None, beta=None, channel_axis=-1, eps=1e-6):
   out = np.empty_like(xc)
   for i in range(xc.shape[0]):
     for g in range(num_groups):
-      block = xc[i, ..., g * size:(g + 1) * size]
+      block = xc[i, ..., g * size : (g + 1) * size]
       mu = block.mean()
       var = ((block - mu) ** 2).mean()
-      out[i, ..., g * size:(g + 1) * size] = (block - mu) / np.sqrt(var + eps)
+      out[i, ..., g * size : (g + 1) * size] = (block - mu) / np.sqrt(var + eps)
   return _affine(np.moveaxis(out, -1, c), gamma, beta, (c,))

@@ -77,8 +77,9 @@ def test_fully_masked_batch_leaves_running_statistics_untouched(rng):
   np.testing.assert_array_equal(partly["batch_stats"]["mean"][2], before["mean"][2])
   _, mean, _ = ref.batch_norm(x + 5)
   moved = np.asarray(partly["batch_stats"]["mean"])[[0, 1, 3]]
-  np.testing.assert_allclose(moved, 0.5 * before["mean"][[0, 1, 3]] + 0.5 * mean[[0, 1, 3]],
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    moved, 0.5 * before["mean"][[0, 1, 3]] + 0.5 * mean[[0, 1, 3]], rtol=1e-5
+  )
 
 
 def test_masked_statistics_use_only_valid_elements(rng):
@@ -116,8 +117,9 @@ def test_pure_functions_train_then_infer(rng):
   mean, var = jaxnorm.update_running_average(jnp.zeros(5), jnp.ones(5), stats, 0.9)
   np.testing.assert_allclose(mean, ref.running_average(0.0, stats.mean, 0.9), rtol=1e-6)
   y_eval = jaxnorm.batch_norm(x, gamma, beta, mean=mean, var=var)
-  np.testing.assert_allclose(np.asarray(y_eval),
-                             ref.batch_norm_eval(x, mean, var, gamma, beta), atol=2e-5)
+  np.testing.assert_allclose(
+    np.asarray(y_eval), ref.batch_norm_eval(x, mean, var, gamma, beta), atol=2e-5
+  )
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.99, 1.0])

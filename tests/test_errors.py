@@ -13,47 +13,97 @@ X = jnp.ones((4, 5, 6))
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("call,error,pattern", [
-  (lambda x: jaxnorm.normalize(x, 3), ValueError,
-   r"axes=3 is out of range for an input of rank 3.*\[-3, 2\]"),
-  (lambda x: jaxnorm.normalize(x, (0, -3)), ValueError,
-   r"names the same axis more than once.*\(0, 0\).*list each axis once"),
-  (lambda x: jaxnorm.normalize(x, 1.5), TypeError, r"axes must be integers.*got 1.5"),
-  (lambda x: jaxnorm.layer_norm(x, reduction_axes=(1, 5)), ValueError,
-   r"reduction_axes=\(1, 5\) is out of range"),
-  (lambda x: jaxnorm.batch_norm(x, axis=-4), ValueError, r"axis=-4 is out of range"),
-  (lambda x: jaxnorm.group_norm(x, num_groups=4), ValueError,
-   r"num_groups=4 does not divide the 6 channels.*\[1, 2, 3, 6\]"),
-  (lambda x: jaxnorm.group_norm(x, num_groups=None, group_size=4), ValueError,
-   r"group_size=4 does not divide the 6 channels"),
-  (lambda x: jaxnorm.group_norm(x, num_groups=2, group_size=3), ValueError,
-   r"exactly one of num_groups and group_size.*pass num_groups=None"),
-  (lambda x: jaxnorm.group_norm(x, num_groups=None), ValueError,
-   r"exactly one of num_groups and group_size"),
-  (lambda x: jaxnorm.group_norm(x, num_groups=2, reduction_axes=1), ValueError,
-   r"reduction_axes \(1,\) must include the channel axis 2"),
-  (lambda x: jaxnorm.layer_norm(x, jnp.ones(5)), ValueError,
-   r"scale has shape \(5,\), but an input of shape \(4, 5, 6\) has features of shape "
-   r"\(6,\).*pass a scale of shape \(6,\)"),
-  (lambda x: jaxnorm.batch_norm(x, None, jnp.ones((6, 1))), ValueError,
-   r"bias has shape \(6, 1\).*pass a bias of shape \(6,\)"),
-  (lambda x: jaxnorm.group_norm(x, jnp.ones(3), num_groups=2), ValueError,
-   r"scale has shape \(3,\)"),
-  (lambda x: jaxnorm.batch_norm(x[:1, :1]), ValueError,
-   r"needs more than one value per statistic.*shape \(1, 1, 6\).*has 1.*batch larger than 1"),
-  (lambda x: jaxnorm.batch_norm(x, mean=jnp.zeros(6)), ValueError,
-   r"only one of mean and var"),
-  (lambda x: jaxnorm.batch_norm(x, mean=jnp.zeros(5), var=jnp.ones(5)), ValueError,
-   r"mean has shape \(5,\).*have shape \(6,\)"),
-  (lambda x: jaxnorm.batch_norm(x, axis=-1, reduction_axes=(0, 2)), ValueError,
-   r"reduction_axes \(0, 2\) overlap the feature axis \(2,\)"),
-  (lambda x: jaxnorm.instance_norm(x, feature_axes=0), ValueError,
-   r"includes axis 0, the batch axis of InstanceNorm"),
-  (lambda x: jaxnorm.layer_norm(x, epsilon=0.0), ValueError, r"epsilon must be > 0.*got 0.0"),
-  (lambda x: jaxnorm.rms_norm(x, epsilon=-1e-6), ValueError, r"epsilon must be > 0"),
-  (lambda x: jaxnorm.normalize(x, -1, mask=jnp.ones((5, 5), bool)), ValueError,
-   r"mask of shape \(5, 5\) does not broadcast to the input's shape \(4, 5, 6\)"),
-])
+@pytest.mark.parametrize(
+  "call,error,pattern",
+  [
+    (
+      lambda x: jaxnorm.normalize(x, 3),
+      ValueError,
+      r"axes=3 is out of range for an input of rank 3.*\[-3, 2\]",
+    ),
+    (
+      lambda x: jaxnorm.normalize(x, (0, -3)),
+      ValueError,
+      r"names the same axis more than once.*\(0, 0\).*list each axis once",
+    ),
+    (lambda x: jaxnorm.normalize(x, 1.5), TypeError, r"axes must be integers.*got 1.5"),
+    (
+      lambda x: jaxnorm.layer_norm(x, reduction_axes=(1, 5)),
+      ValueError,
+      r"reduction_axes=\(1, 5\) is out of range",
+    ),
+    (lambda x: jaxnorm.batch_norm(x, axis=-4), ValueError, r"axis=-4 is out of range"),
+    (
+      lambda x: jaxnorm.group_norm(x, num_groups=4),
+      ValueError,
+      r"num_groups=4 does not divide the 6 channels.*\[1, 2, 3, 6\]",
+    ),
+    (
+      lambda x: jaxnorm.group_norm(x, num_groups=None, group_size=4),
+      ValueError,
+      r"group_size=4 does not divide the 6 channels",
+    ),
+    (
+      lambda x: jaxnorm.group_norm(x, num_groups=2, group_size=3),
+      ValueError,
+      r"exactly one of num_groups and group_size.*pass num_groups=None",
+    ),
+    (
+      lambda x: jaxnorm.group_norm(x, num_groups=None),
+      ValueError,
+      r"exactly one of num_groups and group_size",
+    ),
+    (
+      lambda x: jaxnorm.group_norm(x, num_groups=2, reduction_axes=1),
+      ValueError,
+      r"reduction_axes \(1,\) must include the channel axis 2",
+    ),
+    (
+      lambda x: jaxnorm.layer_norm(x, jnp.ones(5)),
+      ValueError,
+      r"scale has shape \(5,\), but an input of shape \(4, 5, 6\) has features of shape "
+      r"\(6,\).*pass a scale of shape \(6,\)",
+    ),
+    (
+      lambda x: jaxnorm.batch_norm(x, None, jnp.ones((6, 1))),
+      ValueError,
+      r"bias has shape \(6, 1\).*pass a bias of shape \(6,\)",
+    ),
+    (
+      lambda x: jaxnorm.group_norm(x, jnp.ones(3), num_groups=2),
+      ValueError,
+      r"scale has shape \(3,\)",
+    ),
+    (
+      lambda x: jaxnorm.batch_norm(x[:1, :1]),
+      ValueError,
+      r"needs more than one value per statistic.*shape \(1, 1, 6\).*has 1.*batch larger than 1",
+    ),
+    (lambda x: jaxnorm.batch_norm(x, mean=jnp.zeros(6)), ValueError, r"only one of mean and var"),
+    (
+      lambda x: jaxnorm.batch_norm(x, mean=jnp.zeros(5), var=jnp.ones(5)),
+      ValueError,
+      r"mean has shape \(5,\).*have shape \(6,\)",
+    ),
+    (
+      lambda x: jaxnorm.batch_norm(x, axis=-1, reduction_axes=(0, 2)),
+      ValueError,
+      r"reduction_axes \(0, 2\) overlap the feature axis \(2,\)",
+    ),
+    (
+      lambda x: jaxnorm.instance_norm(x, feature_axes=0),
+      ValueError,
+      r"includes axis 0, the batch axis of InstanceNorm",
+    ),
+    (lambda x: jaxnorm.layer_norm(x, epsilon=0.0), ValueError, r"epsilon must be > 0.*got 0.0"),
+    (lambda x: jaxnorm.rms_norm(x, epsilon=-1e-6), ValueError, r"epsilon must be > 0"),
+    (
+      lambda x: jaxnorm.normalize(x, -1, mask=jnp.ones((5, 5), bool)),
+      ValueError,
+      r"mask of shape \(5, 5\) does not broadcast to the input's shape \(4, 5, 6\)",
+    ),
+  ],
+)
 def test_pure_function_errors(call, error, pattern, jit):
   with pytest.raises(error, match=pattern):
     (jax.jit(call) if jit else call)(X)
@@ -72,8 +122,9 @@ def test_use_running_average_exactly_once():
   with pytest.raises(ValueError, match=r"use_running_average exactly once.*got neither"):
     jaxnorm.BatchNorm().init(jax.random.key(0), x)
   with pytest.raises(ValueError, match=r"got both \(True and False\)"):
-    jaxnorm.BatchNorm(use_running_average=True).init(jax.random.key(0), x,
-                                                      use_running_average=False)
+    jaxnorm.BatchNorm(use_running_average=True).init(
+      jax.random.key(0), x, use_running_average=False
+    )
 
 
 def test_batchnorm_module_refuses_single_value_training_but_not_init():

@@ -23,12 +23,20 @@ CONFIGS = [
   ("BatchNorm", dict(use_running_average=False), (6, 5, 5, 8), jnp.float32),
   ("BatchNorm", dict(use_running_average=False, momentum=0.9, axis=1), (6, 8, 5, 5), jnp.float32),
   ("BatchNorm", dict(use_running_average=False, axis=(1, 2)), (6, 4, 8), jnp.float32),
-  ("BatchNorm", dict(use_running_average=False, use_bias=False, **RANDOM_INIT), (16, 8),
-   jnp.float32),
+  (
+    "BatchNorm",
+    dict(use_running_average=False, use_bias=False, **RANDOM_INIT),
+    (16, 8),
+    jnp.float32,
+  ),
   ("BatchNorm", dict(use_running_average=False, dtype=jnp.bfloat16), (6, 5, 8), jnp.float32),
   ("BatchNorm", dict(use_running_average=False), (6, 5, 8), jnp.bfloat16),
-  ("BatchNorm", dict(use_running_average=False, force_float32_reductions=False,
-                     param_dtype=jnp.bfloat16), (6, 5, 8), jnp.float32),
+  (
+    "BatchNorm",
+    dict(use_running_average=False, force_float32_reductions=False, param_dtype=jnp.bfloat16),
+    (6, 5, 8),
+    jnp.float32,
+  ),
   ("LayerNorm", {}, (4, 7, 16), jnp.float32),
   ("LayerNorm", dict(**RANDOM_INIT), (4, 7, 16), jnp.float32),
   ("LayerNorm", dict(reduction_axes=(1, 2, 3), feature_axes=(-1,)), (3, 4, 4, 8), jnp.float32),
@@ -49,6 +57,7 @@ CONFIGS = [
   ("InstanceNorm", dict(feature_axes=1, **RANDOM_INIT), (3, 8, 5, 5), jnp.float32),
   ("InstanceNorm", dict(use_bias=False), (3, 7, 8), jnp.float32),
 ]
+_leaves = jax.tree_util.tree_leaves
 IDS = [f"{n}-{i}" for i, (n, *_) in enumerate(CONFIGS)]
 
 
@@ -71,20 +80,22 @@ def test_same_variables_outputs_stats_and_grads(name, kwargs, shape, dtype, rng)
   v_ours, v_theirs = ours.init(key, x), theirs.init(key, x)
   # Same variable tree, shapes, dtypes and (same RNG use) values.
   assert jax.tree_util.tree_structure(v_ours) == jax.tree_util.tree_structure(v_theirs)
-  for a, b in zip(jax.tree_util.tree_leaves(v_ours), jax.tree_util.tree_leaves(v_theirs)):
+  for a, b in zip(_leaves(v_ours), _leaves(v_theirs), strict=True):
     assert a.shape == b.shape and a.dtype == b.dtype
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
 
   is_bn = name == "BatchNorm"
   tol = _tol(dtype, kwargs.get("dtype"), kwargs.get("param_dtype"))
   (y_ours, s_ours), (y_theirs, s_theirs) = (
-    _apply(ours, v_theirs, x, is_bn), _apply(theirs, v_theirs, x, is_bn))
+    _apply(ours, v_theirs, x, is_bn),
+    _apply(theirs, v_theirs, x, is_bn),
+  )
   assert y_ours.dtype == y_theirs.dtype and y_ours.shape == y_theirs.shape
-  np.testing.assert_allclose(np.asarray(y_ours, np.float32), np.asarray(y_theirs, np.float32),
-                             **tol)
-  stats_init = jax.tree_util.tree_leaves(v_theirs.get("batch_stats", {}))
-  for a, b, a0 in zip(jax.tree_util.tree_leaves(s_ours), jax.tree_util.tree_leaves(s_theirs),
-                      stats_init):
+  np.testing.assert_allclose(
+    np.asarray(y_ours, np.float32), np.asarray(y_theirs, np.float32), **tol
+  )
+  stats_init = _leaves(v_theirs.get("batch_stats", {}))
+  for a, b, a0 in zip(_leaves(s_ours), _leaves(s_theirs), stats_init, strict=True):
     # The running statistics keep their declared dtype (Flax's drift from bfloat16 to
     # float32 after an update with force_float32_reductions=False is not copied).
     assert a.dtype == a0.dtype
@@ -98,11 +109,12 @@ def test_same_variables_outputs_stats_and_grads(name, kwargs, shape, dtype, rng)
 
   g_ours = jax.grad(loss, argnums=(1, 2))(ours, v_theirs["params"], x)
   g_theirs = jax.grad(loss, argnums=(1, 2))(theirs, v_theirs["params"], x)
-  for a, b in zip(jax.tree_util.tree_leaves(g_ours), jax.tree_util.tree_leaves(g_theirs)):
+  for a, b in zip(_leaves(g_ours), _leaves(g_theirs), strict=True):
     assert a.dtype == b.dtype
     scale = max(1.0, float(jnp.abs(b.astype(jnp.float32)).max()))
-    np.testing.assert_allclose(np.asarray(a, np.float32) / scale,
-                               np.asarray(b, np.float32) / scale, **tol)
+    np.testing.assert_allclose(
+      np.asarray(a, np.float32) / scale, np.asarray(b, np.float32) / scale, **tol
+    )
 
 
 def test_batchnorm_eval_mode_matches_flax(rng):
@@ -153,22 +165,24 @@ def test_model_swap_and_checkpoint_roundtrip(rng):
   @functools.partial(jax.jit, static_argnums=0)
   def step(net, variables):
     def loss(params):
-      out, upd = net.apply({**variables, "params": params}, x, train=True,
-                           mutable=["batch_stats"])
-      return jnp.mean(out ** 2), upd
+      out, upd = net.apply({**variables, "params": params}, x, train=True, mutable=["batch_stats"])
+      return jnp.mean(out**2), upd
+
     (value, upd), grads = jax.value_and_grad(loss, has_aux=True)(variables["params"])
     return value, upd, grads
 
   l_f, u_f, g_f = step(flax_net, restored)
   l_o, u_o, g_o = step(our_net, restored)
   np.testing.assert_allclose(l_o, l_f, rtol=1e-5)
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4),
-                         u_o, u_f)
+  jax.tree_util.tree_map(
+    lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), u_o, u_f
+  )
   # Gradients relative to the largest one (the conv bias before BatchNorm has a true
   # gradient of 0, so both libraries return rounding noise there).
   top = max(float(jnp.abs(g).max()) for g in jax.tree_util.tree_leaves(g_f))
   jax.tree_util.tree_map(
-    lambda a, b: np.testing.assert_allclose(a / top, b / top, atol=1e-4), g_o, g_f)
+    lambda a, b: np.testing.assert_allclose(a / top, b / top, atol=1e-4), g_o, g_f
+  )
   y_f = flax_net.apply({**restored, **u_f}, x, train=False)
   y_o = our_net.apply({**restored, **u_o}, x, train=False)
   np.testing.assert_allclose(y_o, y_f, atol=1e-5, rtol=1e-4)

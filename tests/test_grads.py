@@ -25,7 +25,8 @@ NORMS = {
   "rms_bias_outside": lambda x, g, b: jaxnorm.rms_norm(x, g, b, epsilon_in_root=False),
   "rms_zero_centered": lambda x, g, b: jaxnorm.rms_norm(x, g, zero_centered_scale=True),
   "layer_masked": lambda x, g, b: jaxnorm.layer_norm(
-    x, g, b, mask=jnp.arange(4)[None, :, None] < 3),
+    x, g, b, mask=jnp.arange(4)[None, :, None] < 3
+  ),
 }
 
 
@@ -55,8 +56,9 @@ def test_closed_form_gradient_matches_float64_autodiff(rng):
   ours = jax.grad(lambda *a: jnp.sum(jaxnorm.layer_norm(*a) * cot), argnums=(0, 1, 2))(x, g, b)
   with jax.enable_x64(True):
     ref = jax.grad(lambda *a: jnp.sum(_reference_layer_norm(*a) * cot), argnums=(0, 1, 2))(
-      *(jnp.asarray(a, jnp.float64) for a in (x, g, b)))
-  for a, r in zip(ours, ref):
+      *(jnp.asarray(a, jnp.float64) for a in (x, g, b))
+    )
+  for a, r in zip(ours, ref, strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(r), atol=2e-4, rtol=1e-4)
 
 

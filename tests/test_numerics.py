@@ -11,10 +11,13 @@ import jaxnorm
 from tests import reference as ref
 
 # The public test vector of the brief: N=2, C=2, H=W=2, channels first.
-WORKED = np.array([
-  [[[1, 2], [3, 4]], [[5, 6], [7, 8]]],
-  [[[2, 3], [4, 5]], [[6, 7], [8, 9]]],
-], dtype=np.float32)
+WORKED = np.array(
+  [
+    [[[1, 2], [3, 4]], [[5, 6], [7, 8]]],
+    [[[2, 3], [4, 5]], [[6, 7], [8, 9]]],
+  ],
+  dtype=np.float32,
+)
 
 
 def test_worked_example_statistics():
@@ -63,14 +66,22 @@ def test_large_offset_stays_accurate(norm, offset, tol, rng):
   mean itself can only be stored to 1/16, which bounds what float32 can do there."""
   x = (rng.normal(0.0, 1.0, (8, 6, 6, 16)) + offset).astype(np.float32)
   fns = {
-    "batch": (lambda x: jaxnorm.batch_norm(x)[0], lambda x: ref.batch_norm(x)[0],
-              nn.BatchNorm(use_running_average=False)),
-    "layer": (lambda x: jaxnorm.layer_norm(x, reduction_axes=(1, 2, 3)),
-              lambda x: ref.layer_norm(x, reduction_axes=(1, 2, 3)),
-              nn.LayerNorm(reduction_axes=(1, 2, 3))),
+    "batch": (
+      lambda x: jaxnorm.batch_norm(x)[0],
+      lambda x: ref.batch_norm(x)[0],
+      nn.BatchNorm(use_running_average=False),
+    ),
+    "layer": (
+      lambda x: jaxnorm.layer_norm(x, reduction_axes=(1, 2, 3)),
+      lambda x: ref.layer_norm(x, reduction_axes=(1, 2, 3)),
+      nn.LayerNorm(reduction_axes=(1, 2, 3)),
+    ),
     "instance": (jaxnorm.instance_norm, ref.instance_norm, nn.InstanceNorm()),
-    "group": (lambda x: jaxnorm.group_norm(x, num_groups=4), lambda x: ref.group_norm(x, 4),
-              nn.GroupNorm(num_groups=4)),
+    "group": (
+      lambda x: jaxnorm.group_norm(x, num_groups=4),
+      lambda x: ref.group_norm(x, 4),
+      nn.GroupNorm(num_groups=4),
+    ),
   }
   ours, theirs, flax_module = fns[norm]
   expected = theirs(x)
@@ -78,8 +89,11 @@ def test_large_offset_stays_accurate(norm, offset, tol, rng):
   assert err < tol, err
   # Flax's default E[x²] − E[x]² is far off on the same data (the reason for this test).
   variables = flax_module.init(jax.random.key(0), x)
-  flax_y = flax_module.apply(variables, x, mutable=["batch_stats"])[0] if norm == "batch" \
+  flax_y = (
+    flax_module.apply(variables, x, mutable=["batch_stats"])[0]
+    if norm == "batch"
     else flax_module.apply(variables, x)
+  )
   assert np.abs(np.asarray(flax_y, np.float64) - expected).max() > 100 * max(err, 1e-3)
 
 
@@ -114,14 +128,18 @@ def test_partial_mask_matches_reference(jit, rng):
   x = rng.normal(1.0, 2.0, (3, 10, 8)).astype(np.float32)
   mask = rng.random((3, 10, 1)) < 0.6
   mask[0, 0] = True
-  fn = lambda x, m: jaxnorm.layer_norm(x, mask=m, reduction_axes=(1, 2), feature_axes=2)
+
+  def fn(x, m):
+    return jaxnorm.layer_norm(x, mask=m, reduction_axes=(1, 2), feature_axes=2)
+
   fn = jax.jit(fn) if jit else fn
   y = fn(x, mask)
   expected = ref.layer_norm(x, reduction_axes=(1, 2), feature_axes=2, mask=mask)
   np.testing.assert_allclose(np.asarray(y), expected, atol=2e-5)
   # Masked positions are normalized too, with the statistics of the valid ones (as Flax).
   flax_y = nn.LayerNorm(reduction_axes=(1, 2)).apply(
-    {"params": {"scale": jnp.ones(8), "bias": jnp.zeros(8)}}, x, mask=mask)
+    {"params": {"scale": jnp.ones(8), "bias": jnp.zeros(8)}}, x, mask=mask
+  )
   np.testing.assert_allclose(np.asarray(y), np.asarray(flax_y), atol=1e-4)
 
 
@@ -153,8 +171,9 @@ def test_fully_masked_group_has_no_nan(norm, rng):
   # The other groups are unaffected by the empty one.
   keep = [0, 2, 3]
   if norm == "layer":
-    np.testing.assert_allclose(y[keep], ref.layer_norm(x[keep], None, np.asarray(beta),
-                                                       (1, 2)), atol=2e-5)
+    np.testing.assert_allclose(
+      y[keep], ref.layer_norm(x[keep], None, np.asarray(beta), (1, 2)), atol=2e-5
+    )
 
 
 def test_mask_broadcast_error_names_shapes():
@@ -168,10 +187,12 @@ def test_rms_options_match_reference(eps_in_root, zero_centered, rng):
   x = rng.normal(0.3, 1.0, (4, 16)).astype(np.float32)
   gamma = rng.normal(0.0, 0.2, 16).astype(np.float32)
   beta = rng.normal(0.0, 0.2, 16).astype(np.float32)
-  y = jaxnorm.rms_norm(x, gamma, beta, epsilon=1e-3, epsilon_in_root=eps_in_root,
-                       zero_centered_scale=zero_centered)
-  expected = ref.rms_norm(x, gamma, beta, eps=1e-3, eps_in_root=eps_in_root,
-                          zero_centered=zero_centered)
+  y = jaxnorm.rms_norm(
+    x, gamma, beta, epsilon=1e-3, epsilon_in_root=eps_in_root, zero_centered_scale=zero_centered
+  )
+  expected = ref.rms_norm(
+    x, gamma, beta, eps=1e-3, eps_in_root=eps_in_root, zero_centered=zero_centered
+  )
   np.testing.assert_allclose(np.asarray(y), expected, atol=2e-5)
 
 
@@ -183,6 +204,12 @@ def test_rms_module_options(rng):
   np.testing.assert_array_equal(v["params"]["scale"], 0.0)
   params = {"scale": jnp.full(16, 0.5), "bias": jnp.full(16, 0.25)}
   y = m.apply({"params": params}, x)
-  expected = ref.rms_norm(np.asarray(x), 0.5 * np.ones(16), 0.25 * np.ones(16), eps=1e-6,
-                          eps_in_root=False, zero_centered=True)
+  expected = ref.rms_norm(
+    np.asarray(x),
+    0.5 * np.ones(16),
+    0.25 * np.ones(16),
+    eps=1e-6,
+    eps_in_root=False,
+    zero_centered=True,
+  )
   np.testing.assert_allclose(np.asarray(y), expected, atol=2e-5)

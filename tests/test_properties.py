@@ -12,8 +12,9 @@ from tests import reference as ref
 def arrays_and_axes(draw):
   ndim = draw(st.integers(1, 4))
   shape = tuple(draw(st.lists(st.integers(1, 5), min_size=ndim, max_size=ndim)))
-  axes = draw(st.lists(st.integers(-ndim, ndim - 1), min_size=1, max_size=ndim,
-                       unique_by=lambda a: a % ndim))
+  axes = draw(
+    st.lists(st.integers(-ndim, ndim - 1), min_size=1, max_size=ndim, unique_by=lambda a: a % ndim)
+  )
   seed = draw(st.integers(0, 2**16))
   offset = draw(st.sampled_from([0.0, 3.0, -50.0]))
   x = np.random.default_rng(seed).normal(offset, 2.0, shape).astype(np.float32)

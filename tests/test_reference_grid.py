@@ -26,8 +26,7 @@ def _cases():
     )
     red = tuple(range(1, ndim)) if layout != "btd" else (-1,)
     out["layer", layout] = (
-      lambda x, g, b, c=c, red=red: jaxnorm.layer_norm(x, g, b, reduction_axes=red,
-                                                       feature_axes=c),
+      lambda x, g, b, c=c, red=red: jaxnorm.layer_norm(x, g, b, reduction_axes=red, feature_axes=c),
       lambda x, g, b, c=c, red=red: ref.layer_norm(x, g, b, red, c),
     )
     out["instance", layout] = (
@@ -50,8 +49,9 @@ CASES = _cases()
 
 
 @pytest.mark.parametrize("use_jit", [False, True], ids=["eager", "jit"])
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16],
-                         ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize(
+  "dtype", [jnp.float32, jnp.bfloat16, jnp.float16], ids=["f32", "bf16", "f16"]
+)
 @pytest.mark.parametrize("norm,layout", sorted(CASES))
 def test_matches_reference(norm, layout, dtype, use_jit, rng):
   ours, theirs = CASES[norm, layout]

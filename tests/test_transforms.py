@@ -51,8 +51,7 @@ def test_vmap_axis_name_gradients_equal_full_batch(rng):
   def full(x):
     return jnp.sum(jaxnorm.batch_norm(x.reshape(8, 3))[0] * cot.reshape(8, 3))
 
-  np.testing.assert_allclose(jax.grad(sharded)(x), jax.grad(full)(x).reshape(2, 4, 3),
-                             atol=1e-5)
+  np.testing.assert_allclose(jax.grad(sharded)(x), jax.grad(full)(x).reshape(2, 4, 3), atol=1e-5)
 
 
 def test_jit_matches_eager_and_grad_under_jit(rng):
@@ -62,12 +61,11 @@ def test_jit_matches_eager_and_grad_under_jit(rng):
 
   def loss(params, x):
     y, upd = bn.apply({**variables, "params": params}, x, mutable=["batch_stats"])
-    return jnp.mean(y ** 2 * jnp.arange(8.0)[None, None, None]), upd
+    return jnp.mean(y**2 * jnp.arange(8.0)[None, None, None]), upd
 
   eager = jax.value_and_grad(loss, has_aux=True)(variables["params"], x)
   jitted = jax.jit(jax.value_and_grad(loss, has_aux=True))(variables["params"], x)
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), eager,
-                         jitted)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), eager, jitted)
 
 
 class _RematBlock(nn.Module):
@@ -84,13 +82,14 @@ def test_remat_keeps_outputs_stats_and_grads(rng):
 
   def loss(module, params):
     y, upd = module.apply({**variables, "params": params}, x, mutable=["batch_stats"])
-    return jnp.sum(y ** 2), upd
+    return jnp.sum(y**2), upd
 
   (l1, u1), g1 = jax.value_and_grad(loss, argnums=1, has_aux=True)(plain, variables["params"])
   (l2, u2), g2 = jax.value_and_grad(loss, argnums=1, has_aux=True)(remat, variables["params"])
   np.testing.assert_allclose(l1, l2, rtol=1e-6)
-  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), (u1, g1),
-                         (u2, g2))
+  jax.tree_util.tree_map(
+    lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), (u1, g1), (u2, g2)
+  )
 
 
 class _ScanLayer(nn.Module):
@@ -103,8 +102,7 @@ class _ScanLayer(nn.Module):
 
 def test_scan_over_layers(rng):
   x = rng.normal(size=(3, 16)).astype(np.float32)
-  stack = nn.scan(_ScanLayer, variable_axes={"params": 0}, split_rngs={"params": True},
-                  length=4)()
+  stack = nn.scan(_ScanLayer, variable_axes={"params": 0}, split_rngs={"params": True}, length=4)()
   variables = stack.init(jax.random.key(0), x, None)
   assert variables["params"]["LayerNorm_0"]["scale"].shape == (4, 16)
   y, _ = stack.apply(variables, x, None)
@@ -129,5 +127,6 @@ def test_named_scopes_appear_in_the_jaxpr():
 def test_reference_agrees_with_itself_on_identities(rng):
   """Guards the reference: GN with one group equals LN over (H, W, C)."""
   x = rng.normal(size=(2, 3, 3, 4))
-  np.testing.assert_allclose(ref.group_norm(x, 1), ref.layer_norm(x, reduction_axes=(1, 2, 3)),
-                             atol=1e-12)
+  np.testing.assert_allclose(
+    ref.group_norm(x, 1), ref.layer_norm(x, reduction_axes=(1, 2, 3)), atol=1e-12
+  )
