@@ -46,6 +46,13 @@ def reduction_dtype(x_dtype: Any, dtype: Any = None, force_float32: bool = True)
   dtype('float32')
   """
   dt = jnp.dtype(x_dtype if dtype is None else dtype)
+  if jnp.issubdtype(jnp.dtype(x_dtype), jnp.complexfloating) or jnp.issubdtype(
+    dt, jnp.complexfloating
+  ):
+    raise TypeError(
+      f"jaxnorm normalizes real inputs, got dtype {jnp.dtype(x_dtype)} (dtype={dtype}); "
+      f"normalize the real and imaginary parts (or the magnitude) separately."
+    )
   if force_float32 or not jnp.issubdtype(dt, jnp.inexact):
     dt = jnp.promote_types(dt, jnp.float32)
   return jnp.dtype(dt)
@@ -227,7 +234,7 @@ def update_running_average(
   >>> print(mean, var)
   [0.2 0. ] [1.3 1. ]
   """
-  if not 0.0 <= momentum <= 1.0:
+  if isinstance(momentum, int | float) and not 0.0 <= momentum <= 1.0:
     raise ValueError(
       f"momentum must lie in [0, 1] (the weight kept by the running average), got {momentum}; "
       f"PyTorch's momentum m corresponds to 1 - m here (its 0.1 is 0.9)."

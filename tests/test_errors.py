@@ -109,6 +109,19 @@ def test_pure_function_errors(call, error, pattern, jit):
     (jax.jit(call) if jit else call)(X)
 
 
+def test_complex_input_is_refused():
+  with pytest.raises(TypeError, match=r"real inputs, got dtype complex64"):
+    jaxnorm.layer_norm(jnp.ones((2, 4), jnp.complex64))
+
+
+def test_traced_momentum_is_accepted():
+  stats = jaxnorm.Moments(jnp.full(3, 2.0), jnp.ones(3), jnp.ones(3))
+  mean, _ = jax.jit(lambda m: jaxnorm.update_running_average(jnp.zeros(3), jnp.ones(3), stats, m))(
+    0.5
+  )
+  np.testing.assert_allclose(mean, 1.0)
+
+
 def test_running_average_errors():
   stats = jaxnorm.Moments(jnp.zeros(3), jnp.ones(3), jnp.ones(3))
   with pytest.raises(ValueError, match=r"momentum must lie in \[0, 1\].*got 1.5.*0.1 is 0.9"):
