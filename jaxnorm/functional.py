@@ -159,6 +159,17 @@ def _subtract_mean(x, axes, mask, axis_name, axis_index_groups):
   return x - stats.mean
 
 
+def _shared(mask, axis_name, axis_index_groups, dtype, force_float32_reductions):
+  """The keyword options every per-norm function passes on to :func:`_norm` unchanged."""
+  return dict(
+    mask=mask,
+    axis_name=axis_name,
+    axis_index_groups=axis_index_groups,
+    dtype=dtype,
+    force_float32_reductions=force_float32_reductions,
+  )
+
+
 def _norm(
   x,
   reduction_axes,
@@ -263,11 +274,7 @@ def layer_norm(
       scale,
       bias,
       epsilon=epsilon,
-      mask=mask,
-      axis_name=axis_name,
-      axis_index_groups=axis_index_groups,
-      dtype=dtype,
-      force_float32_reductions=force_float32_reductions,
+      **_shared(mask, axis_name, axis_index_groups, dtype, force_float32_reductions),
     )
     return y
 
@@ -325,11 +332,7 @@ def rms_norm(
       epsilon=epsilon,
       epsilon_in_root=epsilon_in_root,
       zero_centered_scale=zero_centered_scale,
-      mask=mask,
-      axis_name=axis_name,
-      axis_index_groups=axis_index_groups,
-      dtype=dtype,
-      force_float32_reductions=force_float32_reductions,
+      **_shared(mask, axis_name, axis_index_groups, dtype, force_float32_reductions),
     )
     return y
 
@@ -388,11 +391,7 @@ def instance_norm(
       scale,
       bias,
       epsilon=epsilon,
-      mask=mask,
-      axis_name=axis_name,
-      axis_index_groups=axis_index_groups,
-      dtype=dtype,
-      force_float32_reductions=force_float32_reductions,
+      **_shared(mask, axis_name, axis_index_groups, dtype, force_float32_reductions),
     )
     return y
 
@@ -494,12 +493,8 @@ def group_norm(
       scale,
       bias,
       epsilon=epsilon,
-      mask=mask,
-      axis_name=axis_name,
-      axis_index_groups=axis_index_groups,
-      dtype=dtype,
-      force_float32_reductions=force_float32_reductions,
       grouped=grouped,
+      **_shared(mask, axis_name, axis_index_groups, dtype, force_float32_reductions),
     )
     return y
 
@@ -614,10 +609,6 @@ def batch_norm(
       scale,
       bias,
       epsilon=epsilon,
-      mask=mask,
-      axis_name=axis_name,
-      axis_index_groups=axis_index_groups,
-      dtype=dtype,
-      force_float32_reductions=force_float32_reductions,
+      **_shared(mask, axis_name, axis_index_groups, dtype, force_float32_reductions),
     )
     return y, Moments(*(jnp.squeeze(s, red) for s in stats))

@@ -1,0 +1,85 @@
+"""Smoke tests of the examples: a few steps with tiny settings; each prints its metrics as
+a JSON object on its last stdout line, and its loss falls."""
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"))
+import mini_cnn  # noqa: E402
+import mini_transformer  # noqa: E402
+
+
+def _last_json_line(capsys):
+  lines = capsys.readouterr().out.strip().splitlines()
+  return json.loads(lines[-1])
+
+
+def test_mini_cnn_smoke(capsys, tmp_path):
+  mini_cnn.main(["--norm", "group", "--epochs", "2", "--batch-size", "64", "--out", str(tmp_path)])
+  result = _last_json_line(capsys)
+  assert {"norm", "test_accuracy", "epochs", "seconds"} <= set(result)
+  assert result["norm"] == "group" and result["epochs"] == 2
+  assert result["final_loss"] < result["initial_loss"]
+  assert result["test_accuracy"] > 0.3  # well above chance (0.1) after two short epochs
+  assert os.path.getsize(result["plot"]) > 10_000
+
+
+@pytest.mark.parametrize("norm", mini_cnn.NORMS)
+def test_mini_cnn_builds_every_norm(norm):
+  model = mini_cnn.CNN(norm)
+  x = np.zeros((2, 8, 8, 1), np.float32)
+  variables = model.init(jax.random.key(0), x, train=False)
+  assert model.apply(variables, x, train=False).shape == (2, 10)
+  assert ("batch_stats" in variables) == (norm == "batch")
+
+
+def test_mini_cnn_batchnorm_eval_is_per_image(rng):
+  """With running averages, an image gets the same logits alone or in a batch."""
+  model = mini_cnn.CNN("batch")
+  x = mini_cnn.load_data()[1][:16]
+  variables = model.init(jax.random.key(0), x, train=False)
+  variables = {
+    **variables,
+    "batch_stats": jax.tree_util.tree_map(
+      lambda v: v + rng.uniform(0.1, 0.5, v.shape).astype(v.dtype), variables["batch_stats"]
+    ),
+  }
+  together = model.apply(variables, x, train=False)
+  alone = np.concatenate([model.apply(variables, x[i : i + 1], train=False) for i in range(16)])
+  np.testing.assert_allclose(together, alone, atol=1e-5)
+
+
+def test_mini_transformer_smoke(capsys, tmp_path):
+  mini_transformer.main(
+    ["--steps", "40", "--dim", "32", "--layers", "1", "--context", "32", "--out", str(tmp_path)]
+  )
+  out = capsys.readouterr().out.strip().splitlines()
+  assert any(line.startswith("sample: And God said") for line in out)
+  result = json.loads(out[-1])
+  assert {"norm", "initial_loss", "final_loss", "steps", "seconds"} <= set(result)
+  assert result["steps"] == 40
+  assert result["final_loss"] < 0.9 * result["initial_loss"]
+  assert os.path.getsize(result["plot"]) > 10_000
+
+
+def test_mini_transformer_post_ln_rms(capsys):
+  result = mini_transformer.train(
+    "rms",
+    post_ln=True,
+    steps=30,
+    dim=32,
+    layers=1,
+    context=16,
+    eval_every=10,
+    sample_length=0,
+    out=None,
+    progress=False,
+  )
+  assert _last_json_line(capsys) == result
+  assert result["norm"] == "rms" and result["post_ln"] is True
+  assert result["final_loss"] < result["initial_loss"]
