@@ -32,10 +32,11 @@ import jaxnorm
 NORMS = ("batch", "group", "layer", "instance", "rms", "none")
 
 
-def make_norm(kind: str, train: bool):
-  """The norm layer for ``kind`` on NHWC feature maps (``none``: identity)."""
+def make_norm(kind: str, train: bool, axis_name: str | None = None):
+  """The norm layer for ``kind`` on NHWC feature maps (``none``: identity). ``axis_name``
+  names the device axis BatchNorm synchronizes its statistics over (data parallelism)."""
   if kind == "batch":
-    return jaxnorm.BatchNorm(use_running_average=not train, momentum=0.9)
+    return jaxnorm.BatchNorm(use_running_average=not train, momentum=0.9, axis_name=axis_name)
   if kind == "group":
     return jaxnorm.GroupNorm(num_groups=4)
   if kind == "layer":
@@ -54,12 +55,13 @@ class CNN(nn.Module):
   first), global average pooling, a linear classifier."""
 
   norm: str = "batch"
+  axis_name: str | None = None
 
   @nn.compact
   def __call__(self, x, train: bool):
     for i, channels in enumerate((16, 32, 64)):
       x = nn.Conv(channels, (3, 3), use_bias=self.norm == "none")(x)
-      x = nn.relu(make_norm(self.norm, train)(x))
+      x = nn.relu(make_norm(self.norm, train, self.axis_name)(x))
       if i == 0:
         x = nn.avg_pool(x, (2, 2), strides=(2, 2))
     return nn.Dense(10)(x.mean((1, 2)))

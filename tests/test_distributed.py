@@ -1,0 +1,251 @@
+"""Exact statistics across devices: every norm with ``axis_name`` inside ``jax.shard_map``
+and ``jax.pmap``, ``flax.linen.vmap``, and plain ``jax.jit`` over sharded arrays, against the
+same norm on one device over the concatenated data (and the float64 reference), masks with
+unequal counts and empty devices included, gradients included."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxnorm
+from tests import reference as ref
+
+N_DEV = 8
+
+
+@pytest.fixture(scope="module")
+def mesh():
+  assert len(jax.devices()) == N_DEV, "tests/conftest.py gives the process 8 CPU devices"
+  return jax.make_mesh((N_DEV,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+
+def sharded(mesh, fn, in_specs, out_specs):
+  """``fn`` under shard_map over ``mesh``, jit-compiled, taking host arrays."""
+  mapped = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+
+  def call(*args):
+    args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, in_specs, strict=True)]
+    with jax.set_mesh(mesh):
+      return jax.tree_util.tree_map(np.asarray, mapped(*args))
+
+  return call
+
+
+# (name, sharded function, same function on one device, input shape, sharded axis)
+NORMS = [
+  (
+    "batch",
+    lambda x: jaxnorm.batch_norm(x, axis_name="d")[0],
+    lambda x: jaxnorm.batch_norm(x)[0],
+    (32, 6),
+    0,
+  ),
+  (
+    "batch_nhwc",
+    lambda x: jaxnorm.batch_norm(x, axis_name="d")[0],
+    lambda x: jaxnorm.batch_norm(x)[0],
+    (16, 3, 3, 4),
+    0,
+  ),
+  (
+    "layer_tensor_parallel",
+    lambda x: jaxnorm.layer_norm(x, axis_name="d"),
+    lambda x: jaxnorm.layer_norm(x),
+    (5, 32),
+    1,
+  ),
+  (
+    "rms_tensor_parallel",
+    lambda x: jaxnorm.rms_norm(x, axis_name="d"),
+    lambda x: jaxnorm.rms_norm(x),
+    (5, 32),
+    1,
+  ),
+  (
+    "instance_spatial",
+    lambda x: jaxnorm.instance_norm(x, axis_name="d"),
+    jaxnorm.instance_norm,
+    (2, 16, 3, 4),
+    1,
+  ),
+  (
+    "group_spatial",
+    lambda x: jaxnorm.group_norm(x, num_groups=2, axis_name="d"),
+    functools.partial(jaxnorm.group_norm, num_groups=2),
+    (2, 16, 3, 4),
+    1,
+  ),
+  (
+    "normalize",
+    lambda x: jaxnorm.normalize(x, (0, 1), axis_name="d"),
+    lambda x: jaxnorm.normalize(x, (0, 1)),
+    (16, 3, 2),
+    0,
+  ),
+]
+
+
+@pytest.mark.parametrize("name,fn,single,shape,axis", NORMS, ids=[n[0] for n in NORMS])
+def test_shard_map_equals_one_device(mesh, name, fn, single, shape, axis, rng):
+  x = (rng.normal(3.0, 2.0, shape)).astype(np.float32)
+  spec = P(*([None] * axis + ["d"]))
+  y = sharded(mesh, fn, (spec,), spec)(x)
+  np.testing.assert_allclose(y, np.asarray(single(x)), atol=2e-5)
+  cot = rng.normal(size=shape).astype(np.float32)
+
+  def loss_sharded(x):
+    return jnp.sum(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec)(x) * cot)
+
+  with jax.set_mesh(mesh):
+    g = np.asarray(jax.jit(jax.grad(loss_sharded))(jax.device_put(x, NamedSharding(mesh, spec))))
+  g1 = jax.grad(lambda x: jnp.sum(single(x) * cot))(x)
+  np.testing.assert_allclose(g, np.asarray(g1), atol=2e-5)
+
+
+def test_masks_with_unequal_counts_and_an_empty_device(mesh, rng):
+  x = rng.normal(1.0, 3.0, (N_DEV * 4, 5)).astype(np.float32)
+  counts = [4, 1, 0, 3, 2, 4, 0, 1]  # valid rows per device; two devices have none
+  mask = np.zeros((N_DEV * 4, 1), bool)
+  for d, c in enumerate(counts):
+    mask[d * 4 : d * 4 + c] = True
+
+  def fn(x, m):
+    y, stats = jaxnorm.batch_norm(x, mask=m, axis_name="d")
+    return y, stats.mean, stats.var, stats.count
+
+  y, mean, var, count = sharded(mesh, fn, (P("d"), P("d")), (P("d"), P(), P(), P()))(x, mask)
+  expected_y, expected_mean, expected_var = ref.batch_norm(x, mask=mask)
+  np.testing.assert_allclose(mean, expected_mean, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(var, expected_var, rtol=1e-5)
+  np.testing.assert_array_equal(count, sum(counts))
+  np.testing.assert_allclose(y, expected_y, atol=2e-5)
+  # Flax averages each device's mean, which is wrong as soon as counts differ (and NaN for
+  # an empty device); the count-weighted combination is what the reference computes.
+  per_device = [x[d * 4 : d * 4 + c].mean(0) for d, c in enumerate(counts) if c]
+  assert np.abs(np.mean(per_device, 0) - expected_mean).max() > 0.1
+
+  cot = rng.normal(size=x.shape).astype(np.float32)
+
+  def loss(x):
+    mapped = jax.shard_map(
+      fn, mesh=mesh, in_specs=(P("d"), P("d")), out_specs=(P("d"), P(), P(), P())
+    )
+    return jnp.sum(mapped(x, jax.device_put(mask, NamedSharding(mesh, P("d"))))[0] * cot)
+
+  with jax.set_mesh(mesh):
+    g = np.asarray(jax.jit(jax.grad(loss))(jax.device_put(x, NamedSharding(mesh, P("d")))))
+  g1 = jax.grad(lambda x: jnp.sum(jaxnorm.batch_norm(x, mask=mask)[0] * cot))(x)
+  np.testing.assert_allclose(g, np.asarray(g1), atol=2e-5)
+
+
+def test_all_devices_empty_keeps_running_statistics(mesh, rng):
+  bn = jaxnorm.BatchNorm(use_running_average=False, axis_name="d", momentum=0.5)
+  x = rng.normal(size=(N_DEV * 2, 3)).astype(np.float32)
+  variables = bn.init(jax.random.key(0), x)
+  stats = {"mean": jnp.full(3, 2.0), "var": jnp.full(3, 3.0)}
+
+  def fn(x, m, s):
+    y, upd = bn.apply({**variables, "batch_stats": s}, x, mask=m, mutable=["batch_stats"])
+    return y, upd["batch_stats"]
+
+  y, new = sharded(mesh, fn, (P("d"), P("d"), P()), (P("d"), P()))(
+    x, np.zeros((N_DEV * 2, 1), bool), stats
+  )
+  assert np.all(np.isfinite(y))
+  np.testing.assert_array_equal(new["mean"], 2.0)
+  np.testing.assert_array_equal(new["var"], 3.0)
+
+
+def test_module_running_statistics_updated_once_and_identically(mesh, rng):
+  x = rng.normal(2.0, 1.5, (N_DEV * 3, 4, 5)).astype(np.float32)
+  synced = jaxnorm.BatchNorm(use_running_average=False, axis_name="d", momentum=0.7)
+  variables = synced.init(jax.random.key(0), x)
+
+  def fn(x):
+    return synced.apply(variables, x, mutable=["batch_stats"])
+
+  # out_specs P() for the statistics: shard_map checks they are the same on every device.
+  y, upd = sharded(mesh, fn, (P("d"),), (P("d"), P()))(x)
+  single = jaxnorm.BatchNorm(use_running_average=False, momentum=0.7)
+  y1, upd1 = single.apply(variables, x, mutable=["batch_stats"])
+  np.testing.assert_allclose(y, y1, atol=2e-5)
+  jax.tree_util.tree_map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), upd, upd1
+  )
+  _, mean, var = ref.batch_norm(x)
+  np.testing.assert_allclose(upd["batch_stats"]["mean"], 0.3 * mean, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(upd["batch_stats"]["var"], 0.7 + 0.3 * var, rtol=1e-5)
+
+
+def test_pmap_and_axis_index_groups(rng):
+  x = rng.normal(0.5, 2.0, (N_DEV, 4, 3)).astype(np.float32)
+  y = jax.pmap(lambda x: jaxnorm.batch_norm(x, axis_name="i")[0], axis_name="i")(x)
+  np.testing.assert_allclose(
+    np.asarray(y).reshape(-1, 3), ref.batch_norm(x.reshape(-1, 3))[0], atol=2e-5
+  )
+  groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
+  y = jax.pmap(
+    lambda x: jaxnorm.batch_norm(x, axis_name="i", axis_index_groups=groups)[0], axis_name="i"
+  )(x)
+  y = np.asarray(y)
+  np.testing.assert_allclose(
+    y[:4].reshape(-1, 3), ref.batch_norm(x[:4].reshape(-1, 3))[0], atol=2e-5
+  )
+  np.testing.assert_allclose(
+    y[4:].reshape(-1, 3), ref.batch_norm(x[4:].reshape(-1, 3))[0], atol=2e-5
+  )
+
+
+def test_flax_vmap_with_axis_name(rng):
+  x = rng.normal(1.0, 2.0, (4, 6, 3)).astype(np.float32)
+  vmapped = nn.vmap(
+    jaxnorm.BatchNorm,
+    in_axes=0,
+    out_axes=0,
+    variable_axes={"params": None, "batch_stats": None},
+    split_rngs={"params": False},
+    axis_name="batch",
+  )
+  module = vmapped(use_running_average=False, axis_name="batch")
+  variables = module.init(jax.random.key(0), x)
+  y, upd = module.apply(variables, x, mutable=["batch_stats"])
+  expected_y, mean, var = ref.batch_norm(x.reshape(-1, 3))
+  np.testing.assert_allclose(np.asarray(y).reshape(-1, 3), expected_y, atol=2e-5)
+  np.testing.assert_allclose(upd["batch_stats"]["mean"], 0.01 * mean, rtol=1e-5, atol=1e-7)
+
+
+def test_jit_over_named_sharding_needs_no_axis_name(mesh, rng):
+  x = rng.normal(4.0, 2.0, (N_DEV * 4, 6)).astype(np.float32)
+  cot = rng.normal(size=x.shape).astype(np.float32)
+  xs = jax.device_put(x, NamedSharding(mesh, P("d")))
+
+  def loss(x):
+    return jnp.sum(jaxnorm.batch_norm(x)[0] * cot)
+
+  with jax.set_mesh(mesh):
+    y = jax.jit(lambda x: jaxnorm.batch_norm(x)[0])(xs)
+    g = jax.jit(jax.grad(loss))(xs)
+  assert y.sharding.spec == P("d", None)
+  np.testing.assert_allclose(np.asarray(y), ref.batch_norm(x)[0], atol=2e-5)
+  np.testing.assert_allclose(np.asarray(g), np.asarray(jax.grad(loss)(x)), atol=2e-5)
+
+
+def test_data_parallel_example_matches_one_device(capsys):
+  import json
+  import os
+  import sys
+
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"))
+  import data_parallel
+
+  result = data_parallel.main(["--steps", "6"])
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+  assert result["devices"] == N_DEV and result["losses_match"]
+  assert result["max_loss_difference"] < 1e-5
+  assert result["final_loss"] < result["initial_loss"]
