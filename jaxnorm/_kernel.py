@@ -27,7 +27,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm._stats import Moments, broadcast_mask, freeze_groups, group_moments, psum
+from jaxnorm._stats import (
+  Moments,
+  broadcast_mask,
+  freeze_groups,
+  group_moments,
+  group_sum,
+  psum,
+)
 
 
 class _Config(NamedTuple):
@@ -37,6 +44,7 @@ class _Config(NamedTuple):
   epsilon_in_root: bool
   axis_name: Any
   axis_index_groups: Any
+  channel_groups: tuple[int, int] | None = None
 
 
 def check_epsilon(epsilon: Any) -> float:
@@ -64,7 +72,7 @@ def inverse_std(var: jax.Array, epsilon: float, epsilon_in_root: bool = True) ->
 
 def _primal(x, scale, bias, mask, cfg):
   stats, uncentred_ok = group_moments(
-    x, cfg.axes, cfg.center, mask, cfg.axis_name, cfg.axis_index_groups
+    x, cfg.axes, cfg.center, mask, cfg.axis_name, cfg.axis_index_groups, cfg.channel_groups
   )
   r = inverse_std(stats.var, cfg.epsilon, cfg.epsilon_in_root)
   if mask is not None:
@@ -91,10 +99,10 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   inv_n = 1.0 / jnp.maximum(count, 1)
   valid = None if mask is None else broadcast_mask(mask, x.shape)
 
-  def group_sum(z):
+  def total(z):
     if valid is not None:
       z = jnp.where(valid, z, 0)
-    return psum(jnp.sum(z, cfg.axes, keepdims=True), cfg.axis_name, cfg.axis_index_groups)
+    return psum(group_sum(z, cfg.axes, cfg.channel_groups), cfg.axis_name, cfg.axis_index_groups)
 
   if cfg.epsilon_in_root:
     c = -r
@@ -106,14 +114,14 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   def tangent(centred, dx, dscale, dbias):
     if not cfg.center:
       dmean = jnp.zeros_like(mean)
-      cov = group_sum(x * dx) * inv_n
+      cov = total(x * dx) * inv_n
     else:
-      s1 = group_sum(dx)
+      s1 = total(dx)
       dmean = s1 * inv_n
       if centred:
-        cov = group_sum((x - mean) * dx) * inv_n
+        cov = total((x - mean) * dx) * inv_n
       else:
-        cov = (group_sum(x * dx) - mean * s1) * inv_n
+        cov = (total(x * dx) - mean * s1) * inv_n
     p = c * r * r * cov
     dy = dx * (gamma * r) + x * (gamma * p)
     if cfg.center:
@@ -149,6 +157,7 @@ def affine_normalize(
   mask: jax.Array | None = None,
   axis_name: Any = None,
   axis_index_groups: Any = None,
+  channel_groups: tuple[int, int] | None = None,
 ) -> tuple[jax.Array, Moments]:
   """Normalizes ``x`` (already in its reduction dtype) over ``axes`` and applies ``γ, β``.
 
@@ -165,9 +174,12 @@ def affine_normalize(
       every position is normalized, and groups without a valid element give ``x̂ = 0``.
     axis_name: optional mapped axis to combine statistics across (count-weighted).
     axis_index_groups: optional index groups along ``axis_name``.
+    channel_groups: ``(axis, G)``: also reduce over each of ``G`` contiguous groups of
+      channels along ``axis`` (GroupNorm), which must not be in ``axes``.
 
   Returns:
-    ``(y, Moments)`` with the moments' reduced dimensions kept (size 1).
+    ``(y, Moments)`` with the moments' reduced dimensions kept (size 1); with
+    ``channel_groups`` each group's statistics are repeated on its channels.
   """
   cfg = _Config(
     tuple(axes),
@@ -176,6 +188,7 @@ def affine_normalize(
     bool(epsilon_in_root),
     axis_name,
     freeze_groups(axis_index_groups),
+    None if channel_groups is None else (int(channel_groups[0]), int(channel_groups[1])),
   )
   if mask is not None:
     mask = broadcast_mask(mask, x.shape)

@@ -85,7 +85,28 @@ def broadcast_mask(mask: Any, shape: tuple[int, ...]) -> jax.Array:
     ) from None
 
 
-def _fast_or_two_pass(x, axes, inv_n):
+def group_sum(
+  z: jax.Array, axes: tuple[int, ...], groups: tuple[int, int] | None = None, dtype: Any = None
+) -> jax.Array:
+  """``Σ z`` over ``axes`` with the reduced dims kept; with ``groups = (axis, G)`` also over
+  each of ``G`` contiguous groups of channels along ``axis``, the group's sum repeated on
+  each of its channels.
+
+  The channel grouping is done on the small partial sums, never on ``z`` itself: reshaping
+  the input to ``(..., G, C/G)`` makes XLA:CPU reduce over a strided minor axis, measured
+  11× slower for GroupNorm's statistics at (32, 32, 32, 64).
+  """
+  s = jnp.sum(z, axes, keepdims=True, dtype=dtype)
+  if groups is None:
+    return s
+  axis, g = groups
+  c = s.shape[axis]
+  split = s.shape[:axis] + (g, c // g) + s.shape[axis + 1 :]
+  s = jnp.sum(s.reshape(split), axis + 1, keepdims=True)
+  return jnp.broadcast_to(s, split).reshape(split[:axis] + (c,) + split[axis + 2 :])
+
+
+def _fast_or_two_pass(x, axes, inv_n, groups=None):
   """Mean and centred variance, from one parallel pass of ``Σx`` and ``Σx²`` when that is
   exact enough, else from a second, corrected pass over ``x − mean``.
 
@@ -98,24 +119,25 @@ def _fast_or_two_pass(x, axes, inv_n):
   thus costs what Flax's fast variance costs, and ill-conditioned data gets the accurate
   answer.
   """
-  mean = jnp.sum(x, axes, keepdims=True) * inv_n
-  fast = jnp.maximum(jnp.sum(x * x, axes, keepdims=True) * inv_n - mean * mean, 0)
+  mean = group_sum(x, axes, groups) * inv_n
+  fast = jnp.maximum(group_sum(x * x, axes, groups) * inv_n - mean * mean, 0)
   limit = 2e-6 / float(jnp.finfo(x.dtype).eps)
   well_conditioned = jnp.all(mean * mean <= limit * fast)
 
   def two_pass(operands):
     x, mean, _ = operands
     d = x - mean
-    shift = jnp.sum(d, axes, keepdims=True) * inv_n
-    var = jnp.sum(d * d, axes, keepdims=True) * inv_n - shift * shift
+    shift = group_sum(d, axes, groups) * inv_n
+    var = group_sum(d * d, axes, groups) * inv_n - shift * shift
     return mean + shift, jnp.maximum(var, 0)
 
   mean, var = lax.cond(well_conditioned, lambda ops: ops[1:], two_pass, (x, mean, fast))
   return mean, var, well_conditioned
 
 
-def group_moments(x, axes, center, mask, axis_name, axis_index_groups):
-  """Moments of ``x`` (already in the reduction dtype) with the reduced dims kept.
+def group_moments(x, axes, center, mask, axis_name, axis_index_groups, groups=None):
+  """Moments of ``x`` (already in the reduction dtype) with the reduced dims kept; with
+  ``groups = (axis, G)``, also over groups of channels (see :func:`group_sum`).
 
   The variance is always centred-accurate: on one device without a mask it comes from
   :func:`_fast_or_two_pass`; with a mask or across devices from the two-pass formula
@@ -126,36 +148,36 @@ def group_moments(x, axes, center, mask, axis_name, axis_index_groups):
     sums of the uncentred ``x`` are exact enough for these groups (see the kernel's
     derivative, which then avoids centring ``x`` again).
   """
+  per_group = 1 if groups is None else x.shape[groups[0]] // groups[1]
+
+  def total(z):
+    return psum(group_sum(z, axes, groups), axis_name, axis_index_groups)
+
   if mask is None:
-    n_local = math.prod(x.shape[a] for a in axes)
+    n_local = math.prod(x.shape[a] for a in axes) * per_group
     count = psum(jnp.asarray(n_local, x.dtype), axis_name, axis_index_groups)
-    count = jnp.broadcast_to(count, tuple(1 if a in axes else d for a, d in enumerate(x.shape)))
+    kept = tuple(1 if a in axes else d for a, d in enumerate(x.shape))
+    count = jnp.broadcast_to(count, kept)
     inv_n = 1.0 / jnp.maximum(count, 1)
     if center and axis_name is None:
-      mean, var, ok = _fast_or_two_pass(x, axes, inv_n)
+      mean, var, ok = _fast_or_two_pass(x, axes, inv_n, groups)
       return Moments(mean, var, count), ok
-    if center:
-      mean = psum(jnp.sum(x, axes, keepdims=True), axis_name, axis_index_groups) * inv_n
-      dev = x - mean
-    else:
-      mean = jnp.zeros_like(inv_n)
-      dev = x
-    var = psum(jnp.sum(dev * dev, axes, keepdims=True), axis_name, axis_index_groups) * inv_n
-    return Moments(mean, var, count), not center
+    mean = total(x) * inv_n if center else jnp.zeros_like(inv_n)
+    dev = x - mean if center else x
+    return Moments(mean, total(dev * dev) * inv_n, count), not center
 
   valid = broadcast_mask(mask, x.shape)
-  count = jnp.sum(valid, axes, keepdims=True, dtype=x.dtype)
+  count = group_sum(valid, axes, groups, dtype=x.dtype)
   if center:
-    total = jnp.sum(jnp.where(valid, x, 0), axes, keepdims=True)
-    count, total = psum((count, total), axis_name, axis_index_groups)
-    mean = total / jnp.maximum(count, 1)
+    sums = group_sum(jnp.where(valid, x, 0), axes, groups)
+    count, sums = psum((count, sums), axis_name, axis_index_groups)
+    mean = sums / jnp.maximum(count, 1)
     dev = jnp.where(valid, x - mean, 0)
   else:
     count = psum(count, axis_name, axis_index_groups)
     mean = jnp.zeros_like(count)
     dev = jnp.where(valid, x, 0)
-  var = psum(jnp.sum(dev * dev, axes, keepdims=True), axis_name, axis_index_groups)
-  var = var / jnp.maximum(count, 1)
+  var = total(dev * dev) / jnp.maximum(count, 1)
   return Moments(mean, var, count), not center
 
 

@@ -186,31 +186,21 @@ def _norm(
   axis_index_groups=None,
   dtype=None,
   force_float32_reductions=True,
-  grouped=None,
+  channel_groups=None,
 ):
   """Shared body of the per-norm functions: checks and reshapes the parameters, runs the
-  kernel in the reduction dtype, casts to Flax's output dtype.
-
-  With ``grouped`` (GroupNorm), ``x``, the parameters and the mask are viewed with the
-  feature axis split into ``(groups, group size)``; ``reduction_axes`` and
-  ``feature_axes`` then refer to that view.
-  """
+  kernel in the reduction dtype, casts to Flax's output dtype. ``channel_groups`` is
+  GroupNorm's ``(channel axis, number of groups)``."""
   out_dtype = output_dtype(x, scale, bias, dtype=dtype)
   cdt = reduction_dtype(x.dtype, dtype, force_float32_reductions)
-  view = x.shape if grouped is None else grouped
-  params = []
-  for name, p in (("scale", scale), ("bias", bias)):
-    if p is not None:
-      p = _param(p, name, x.shape, feature_axes if grouped is None else (feature_axes[0],))
-      p = p.reshape(broadcast_shape(view, feature_axes)).astype(cdt)
-    params.append(p)
-  gamma, beta = params
+  gamma, beta = (
+    None if p is None else _param(p, name, x.shape, feature_axes).astype(cdt)
+    for name, p in (("scale", scale), ("bias", bias))
+  )
   if gamma is not None and zero_centered_scale:
     gamma = 1 + gamma
-  if mask is not None:
-    mask = broadcast_mask(mask, x.shape).reshape(view)
   y, stats = affine_normalize(
-    x.astype(cdt).reshape(view),
+    x.astype(cdt),
     reduction_axes,
     gamma,
     beta,
@@ -220,8 +210,9 @@ def _norm(
     mask=mask,
     axis_name=axis_name,
     axis_index_groups=axis_index_groups,
+    channel_groups=channel_groups,
   )
-  return y.reshape(x.shape).astype(out_dtype), stats
+  return y.astype(out_dtype), stats
 
 
 def layer_norm(
@@ -482,18 +473,15 @@ def group_norm(
         f"{feature_axis}) of an input of shape {x.shape}: GroupNorm reduces over groups "
         f"of channels; add {f} to reduction_axes or set feature_axis to the channel axis."
       )
-    channels = x.shape[f]
-    groups = resolve_groups(channels, num_groups, group_size)
-    grouped = x.shape[:f] + (groups, channels // groups) + x.shape[f + 1 :]
-    gred = tuple(sorted(a if a < f else a + 1 for a in red))
+    groups = resolve_groups(x.shape[f], num_groups, group_size)
     y, _ = _norm(
       x,
-      gred,
-      (f, f + 1),
+      tuple(a for a in red if a != f),
+      (f,),
       scale,
       bias,
       epsilon=epsilon,
-      grouped=grouped,
+      channel_groups=(f, groups),
       **_shared(mask, axis_name, axis_index_groups, dtype, force_float32_reductions),
     )
     return y
