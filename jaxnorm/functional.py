@@ -52,6 +52,14 @@ def _param(value, name, x_shape, feature_axes):
   return value.reshape(broadcast_shape(x_shape, feature_axes))
 
 
+def _params(scale, bias, x_shape, feature_axes, dtype):
+  """Checked ``(γ, β)`` in ``dtype``, shaped to broadcast against ``x`` (None stays None)."""
+  return tuple(
+    None if p is None else _param(p, name, x_shape, feature_axes).astype(dtype)
+    for name, p in (("scale", scale), ("bias", bias))
+  )
+
+
 def affine(
   xhat: jax.Array,
   scale: jax.Array | None,
@@ -193,10 +201,7 @@ def _norm(
   GroupNorm's ``(channel axis, number of groups)``."""
   out_dtype = output_dtype(x, scale, bias, dtype=dtype)
   cdt = reduction_dtype(x.dtype, dtype, force_float32_reductions)
-  gamma, beta = (
-    None if p is None else _param(p, name, x.shape, feature_axes).astype(cdt)
-    for name, p in (("scale", scale), ("bias", bias))
-  )
+  gamma, beta = _params(scale, bias, x.shape, feature_axes, cdt)
   if gamma is not None and zero_centered_scale:
     gamma = 1 + gamma
   y, stats = affine_normalize(
@@ -579,8 +584,8 @@ def batch_norm(
             f"shape (were they made with another axis or input layout?)."
           )
         stats.append(s.astype(cdt).reshape(bshape))
-      xhat = apply_moments(x.astype(cdt), *stats, epsilon=epsilon)
-      y = affine(xhat, scale, bias, feat)
+      gamma, beta = _params(scale, bias, x.shape, feat, cdt)
+      y = apply_moments(x.astype(cdt), *stats, gamma, beta, epsilon=epsilon)
       return y.astype(output_dtype(x, scale, bias, dtype=dtype))
     n = math.prod(x.shape[a] for a in red)
     if n == 1 and axis_name is None:
