@@ -14,8 +14,10 @@ so that every product with a per-group factor is taken at the small, broadcastab
 JAX transposes it into the closed-form gradient ``dx = γr·(g − mean(g) − x̂·mean(g·x̂))``
 whose reductions are plain sums of ``dy`` and ``x·dy``: XLA streams them without
 materializing ``x̂`` or ``γ·dy``. Forward-mode and higher-order derivatives keep working
-because the rule is itself differentiable ``jnp``. When ``|μ| ≫ σ`` (the statistics pass
-reports it), ``Sₓ − μ·S₁`` would cancel, and ``Σ(x − μ)·ẋ`` is summed instead.
+because the rule is itself differentiable ``jnp``. With a mask or across devices the rule
+sums ``Σ(x − μ)·ẋ`` instead of ``Sₓ − μ·S₁`` (exact); on one device it keeps the plain sums,
+whose cancellation costs gradients of far off-centre data (|μ|/σ ≈ 1e4) about 1e-2 relative
+error — the forward output stays exact.
 """
 
 from __future__ import annotations
