@@ -77,7 +77,7 @@ def test_masked_gradient_matches_dropping_the_masked_rows(rng):
 def test_gradient_of_off_centre_data_stays_accurate(rng):
   """Mean 1e4, std 1 in float32: the derivative's plain sums lose some precision to
   cancellation; it must stay within 1e-3 of float64 autodiff (measured 1e-4)."""
-  x = (rng.normal(0.0, 1.0, (16, 768)) + 1e4).astype(np.float32)
+  x = (rng.normal(0.0, 1.0, (4, 4, 768)) + 1e4).astype(np.float32)
   cot = rng.normal(size=x.shape).astype(np.float32)
   ones, zeros = np.ones(768, np.float32), np.zeros(768, np.float32)
   ours = jax.grad(lambda x: jnp.sum(jaxnorm.layer_norm(x) * cot))(x)
