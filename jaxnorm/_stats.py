@@ -132,7 +132,7 @@ def _fast_or_two_pass(x, axes, inv_n, groups=None):
     return mean + shift, jnp.maximum(var, 0)
 
   mean, var = lax.cond(well_conditioned, lambda ops: ops[1:], two_pass, (x, mean, fast))
-  return mean, var, well_conditioned
+  return mean, var
 
 
 def group_moments(x, axes, center, mask, axis_name, axis_index_groups, groups=None):
@@ -142,11 +142,6 @@ def group_moments(x, axes, center, mask, axis_name, axis_index_groups, groups=No
   The variance is always centred-accurate: on one device without a mask it comes from
   :func:`_fast_or_two_pass`; with a mask or across devices from the two-pass formula
   (count-weighted ``psum`` of the sums, then of the squared deviations).
-
-  Returns:
-    ``(Moments, uncentred_ok)``: ``uncentred_ok`` (a bool, or a traced scalar) says whether
-    sums of the uncentred ``x`` are exact enough for these groups (see the kernel's
-    derivative, which then avoids centring ``x`` again).
   """
   per_group = 1 if groups is None else x.shape[groups[0]] // groups[1]
 
@@ -160,11 +155,10 @@ def group_moments(x, axes, center, mask, axis_name, axis_index_groups, groups=No
     count = jnp.broadcast_to(count, kept)
     inv_n = 1.0 / jnp.maximum(count, 1)
     if center and axis_name is None:
-      mean, var, ok = _fast_or_two_pass(x, axes, inv_n, groups)
-      return Moments(mean, var, count), ok
+      return Moments(*_fast_or_two_pass(x, axes, inv_n, groups), count)
     mean = total(x) * inv_n if center else jnp.zeros_like(inv_n)
     dev = x - mean if center else x
-    return Moments(mean, total(dev * dev) * inv_n, count), not center
+    return Moments(mean, total(dev * dev) * inv_n, count)
 
   valid = broadcast_mask(mask, x.shape)
   count = group_sum(valid, axes, groups, dtype=x.dtype)
@@ -178,7 +172,7 @@ def group_moments(x, axes, center, mask, axis_name, axis_index_groups, groups=No
     mean = jnp.zeros_like(count)
     dev = jnp.where(valid, x, 0)
   var = total(dev * dev) / jnp.maximum(count, 1)
-  return Moments(mean, var, count), not center
+  return Moments(mean, var, count)
 
 
 def moments(
@@ -223,7 +217,7 @@ def moments(
   x = jnp.asarray(x)
   axes = canonicalize_axes(axes, x.ndim)
   x = x.astype(reduction_dtype(x.dtype, dtype, force_float32_reductions))
-  stats, _ = group_moments(x, axes, center, mask, axis_name, axis_index_groups)
+  stats = group_moments(x, axes, center, mask, axis_name, axis_index_groups)
   if keepdims:
     return stats
   return Moments(*(jnp.squeeze(s, axes) for s in stats))

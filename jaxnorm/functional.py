@@ -163,7 +163,7 @@ def _subtract_mean(x, axes, mask, axis_name, axis_index_groups):
   """Mean-only normalization ``x − mean(x)`` (compiled once per shape, as the kernel)."""
   if mask is not None:
     mask = broadcast_mask(mask, x.shape)
-  stats, _ = group_moments(x, axes, True, mask, axis_name, axis_index_groups)
+  stats = group_moments(x, axes, True, mask, axis_name, axis_index_groups)
   return x - stats.mean
 
 
