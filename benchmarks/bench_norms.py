@@ -124,25 +124,28 @@ def build(kind, x):
     rest = {k: v for k, v in variables.items() if k != "params"}
     mutable = ["batch_stats"] if kind == "batch_train" else False
 
-    def forward(params, x, module=module, rest=rest, mutable=mutable):
+    def forward(params, x, rest, module=module, mutable=mutable):
       out = module.apply({"params": params, **rest}, x, mutable=mutable)
       return out[0] if mutable else out
 
-    impls[name] = (forward, variables["params"])
+    impls[name] = (forward, variables["params"], rest)
   plain = _plain(kind)
   params = dict(impls["flax"][1])
+  rest = {}
   if kind == "batch_eval":
-    params = {**params, "mean": jnp.full(x.shape[-1], 0.1), "var": jnp.full(x.shape[-1], 1.5)}
-  impls["jnp"] = (plain, params)
+    rest = {"mean": jnp.full(x.shape[-1], 0.1), "var": jnp.full(x.shape[-1], 1.5)}
+  impls["jnp"] = (lambda p, x, rest: plain({**p, **rest}, x), params, rest)
 
+  # Running statistics are arguments of the compiled step, as in a real training or
+  # evaluation step (closed over, XLA would fold them into constants).
   out = {}
-  for name, (forward, params) in impls.items():
+  for name, (forward, params, rest) in impls.items():
 
-    def fwd_bwd(params, x, cot, forward=forward):
-      y, vjp = jax.vjp(forward, params, x)
+    def fwd_bwd(params, x, rest, cot, forward=forward):
+      y, vjp = jax.vjp(lambda p, x: forward(p, x, rest), params, x)
       return y, vjp(cot)
 
-    out[name] = (jax.jit(forward), jax.jit(fwd_bwd), params)
+    out[name] = (jax.jit(forward), jax.jit(fwd_bwd), (params, x, rest))
   return out
 
 
@@ -190,7 +193,7 @@ def run(shapes, repeats):
     bandwidth = reference_bandwidth(x, repeats)
     for p, pass_name in ((0, "forward"), (1, "fwd+bwd")):
       fns = {name: impl[p] for name, impl in impls.items()}
-      args = {name: (impl[2], x) + ((cot,) if p else ()) for name, impl in impls.items()}
+      args = {name: impl[2] + ((cot,) if p else ()) for name, impl in impls.items()}
       medians = timed({n: (lambda f=fns[n], a=args[n]: f(*a)) for n in fns}, repeats)
       row = dict(norm=kind, shape=shape_name, dims=list(x.shape), pass_=pass_name)
       for name in fns:
