@@ -196,7 +196,8 @@ def group_moments(
 
   The variance is always centred-accurate: on one device without a mask it comes from
   :func:`_checked_moments` (``shifts="checked"``) or :func:`_shifted_moments` (``shifts``
-  from :func:`shifts`, or None for the two-pass formula); with a mask or across devices from the two-pass formula
+  from :func:`shifts`, or None for the two-pass formula); with a mask or across devices
+  from the two-pass formula
   (count-weighted ``psum`` of the sums, then of the squared deviations).
   """
   per_group = 1 if groups is None else x.shape[groups[0]] // groups[1]
