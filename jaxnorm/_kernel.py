@@ -105,25 +105,27 @@ class _View(NamedTuple):
     return jnp.reshape(a, tuple(math.prod(shape[i] for i in g) for g in self.groups))
 
 
-def _view(shape, cfg, *operands):
+def _view(shape, axes, channel_groups, *operands):
+  """The :class:`_View` of an array of ``shape`` reduced over ``axes`` (and ``channel_groups``),
+  given the small ``operands`` (parameters, mask; None allowed) that broadcast onto it."""
   full = [tuple(jnp.shape(o)[i] != 1 for o in operands if o is not None) for i in range(len(shape))]
-  channel = None if cfg.channel_groups is None else cfg.channel_groups[0]
+  channel = None if channel_groups is None else channel_groups[0]
   groups = []
   for i in range(len(shape)):
     if (
       groups
-      and (i in cfg.axes) == (groups[-1][-1] in cfg.axes)
+      and (i in axes) == (groups[-1][-1] in axes)
       and full[i] == full[groups[-1][-1]]
       and channel not in (i, groups[-1][-1])
     ):
       groups[-1] = groups[-1] + (i,)
     else:
       groups.append((i,))
-  axes = tuple(j for j, g in enumerate(groups) if g[0] in cfg.axes)
+  view_axes = tuple(j for j, g in enumerate(groups) if g[0] in axes)
   cg = None
-  if cfg.channel_groups is not None:
-    cg = (next(j for j, g in enumerate(groups) if channel in g), cfg.channel_groups[1])
-  return _View(tuple(groups), axes, cg)
+  if channel_groups is not None:
+    cg = (next(j for j, g in enumerate(groups) if channel in g), channel_groups[1])
+  return _View(tuple(groups), view_axes, cg)
 
 
 def _primal(x, scale, bias, mask, cfg, differentiated=False):
@@ -132,7 +134,7 @@ def _primal(x, scale, bias, mask, cfg, differentiated=False):
   the fastest forward on XLA:CPU, whose reductions with a broadcast operand run slower);
   under differentiation from shifted sums (``_shifted_moments``: no ``lax.cond``, whose
   untaken branch XLA counts as 4|x| of traffic). Both are accurate for any offset."""
-  v = _view(x.shape, cfg, scale, bias)
+  v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias)
   shift = "checked"
   if differentiated:
     # The shifts are sliced from x itself, not from its view: XLA:CPU then reads them once
@@ -181,7 +183,7 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   dx, dscale, dbias, _ = tangents
   y, stats, r = _primal(x, scale, bias, mask, cfg, differentiated=True)
   mean, var, count = stats
-  v = _view(x.shape, cfg, scale, bias)
+  v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias)
   xv, dxv, rv = v(x), v(dx), v(r)
   meanv, inv_n = v(mean), 1.0 / jnp.maximum(v(count), 1)
   valid = None if mask is None else v(broadcast_mask(mask, x.shape))
@@ -327,6 +329,6 @@ def _shift_scale_jvp(primals, tangents):
   dx, dmean, ds, dbias = tangents
   y = _shift_scale(x, mean, s, bias)
   axes = tuple(i for i in range(x.ndim) if s.shape[i] == 1)
-  v = _view(x.shape, _Config(axes, True, 1.0, True, None, None), s)
+  v = _view(x.shape, axes, None, s)
   dy = (dx - dmean) * s + ((v(x) - v(mean)) * v(ds)).reshape(x.shape)
   return y, dy if bias is None else dy + dbias

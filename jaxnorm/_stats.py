@@ -101,10 +101,19 @@ def group_sum(
   if groups is None:
     return s
   axis, g = groups
-  c = s.shape[axis]
-  split = s.shape[:axis] + (g, c // g) + s.shape[axis + 1 :]
-  s = jnp.sum(s.reshape(split), axis + 1, keepdims=True)
-  return jnp.broadcast_to(s, split).reshape(split[:axis] + (c,) + split[axis + 2 :])
+  split = _split_channels(s.shape, axis, g)
+  return _repeat_on_channels(jnp.sum(s.reshape(split), axis + 1, keepdims=True), split, axis)
+
+
+def _split_channels(shape, axis, g):
+  """``shape`` with its channel ``axis`` split into ``(G, C/G)``."""
+  return shape[:axis] + (g, shape[axis] // g) + shape[axis + 1 :]
+
+
+def _repeat_on_channels(k, split, axis):
+  """A per-group value ``k`` (``split`` shape with 1 for the channels within a group)
+  repeated on each of its group's channels, channel axis merged back."""
+  return jnp.broadcast_to(k, split).reshape(split[:axis] + (-1,) + split[axis + 2 :])
 
 
 def shifts(x, axes, groups=None):
@@ -125,11 +134,10 @@ def shifts(x, axes, groups=None):
       k = lax.slice_in_dim(k, index % x.shape[a], index % x.shape[a] + 1, axis=a)
     if groups is not None:
       axis, g = groups
-      c = x.shape[axis]
-      split = k.shape[:axis] + (g, c // g) + k.shape[axis + 1 :]
-      i = index % (c // g)
+      split = _split_channels(k.shape, axis, g)
+      i = index % split[axis + 1]
       k = lax.slice_in_dim(k.reshape(split), i, i + 1, axis=axis + 1)
-      k = jnp.broadcast_to(k, split).reshape(k.shape[:axis] + (c,) + k.shape[axis + 2 :])
+      k = _repeat_on_channels(k, split, axis)
     out.append(k)
   return tuple(out)
 
@@ -197,8 +205,8 @@ def group_moments(
   The variance is always centred-accurate: on one device without a mask it comes from
   :func:`_checked_moments` (``shifts="checked"``) or :func:`_shifted_moments` (``shifts``
   from :func:`shifts`, or None for the two-pass formula); with a mask or across devices
-  from the two-pass formula
-  (count-weighted ``psum`` of the sums, then of the squared deviations).
+  from the two-pass formula (count-weighted ``psum`` of the sums, then of the squared
+  deviations).
   """
   per_group = 1 if groups is None else x.shape[groups[0]] // groups[1]
 
@@ -248,7 +256,8 @@ def moments(
 ) -> Moments:
   """Computes the mean and variance (or mean square) of ``x`` over ``axes``.
 
-  The variance is centred, ``mean((x - mean)**2)`` (two passes), so it keeps full precision
+  The variance comes from sums shifted by an element of each group (the exact two-pass
+  formula with a mask, across devices or over a sharded axis), so it keeps full precision
   when the mean is large compared with the spread, unlike ``E[x**2] - E[x]**2``.
 
   Args:
