@@ -59,16 +59,19 @@ class _Config(NamedTuple):
 
 
 def check_epsilon(epsilon: Any) -> float:
-  """Returns ``epsilon`` as a float, or raises if it is not a positive number."""
+  """Returns ``epsilon`` as a float, or raises if it is not a number ``>= 0``.
+
+  0 is accepted (the textbook ``x / RMS(x)``, as Flax and PyTorch accept it); a constant
+  group then has variance 0 and its output is what the formula gives, ``0/0 = NaN``."""
   try:
     eps = float(epsilon)
   except (TypeError, jax.errors.ConcretizationTypeError):
     raise TypeError(
       f"epsilon must be a Python number (it is a compile-time constant), got {epsilon!r}."
     ) from None
-  if not eps > 0:
+  if not eps >= 0:  # negative or NaN
     raise ValueError(
-      f"epsilon must be > 0 (it keeps 1/sqrt(var + epsilon) finite for constant groups), "
+      f"epsilon must be >= 0 (it keeps 1/sqrt(var + epsilon) finite for constant groups), "
       f"got {epsilon!r}; use e.g. 1e-5 (BatchNorm) or 1e-6 (LayerNorm)."
     )
   return eps
@@ -215,12 +218,14 @@ def _affine_normalize_jvp(cfg, primals, tangents):
       cov = total((xv - meanv) * dxv) * inv_n
     else:
       cov = (total(xv * dxv) - meanv * s1) * inv_n
-  p = _barrier(rv, c * rv * rv * cov)
+  # Sums are in at least float32 (see group_moments); the per-group factors go back to x's
+  # dtype so that the full-size products stay in it (a no-op for float32 inputs).
+  p = _barrier(rv, (c * rv * rv * cov).astype(xv.dtype))
   # Products are ordered so that no full-size product is shared between two reductions of
   # the transposed derivative (x·(γp) and (x·r)·γ̇ transpose to Σ(ẏ·x)·γ and Σẏ·(x·r)).
   dyv = xv * (gammav * p)
   if cfg.center:
-    dyv = dyv + gammav * _barrier(rv, -(rv * dmean + meanv * p))
+    dyv = dyv + gammav * _barrier(rv, (-(rv * dmean + meanv * p)).astype(xv.dtype))
   if dscale is not None:
     dscalev = v(dscale)
     if jnp.size(rv * dscalev) < xv.size:  # r·γ̇ is per feature (BatchNorm, CNN layouts)
@@ -232,8 +237,12 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   if dbias is not None:
     dy = dy + dbias
   kept = mean.shape
-  dstats = Moments(dmean.reshape(kept), (2.0 * cov).reshape(kept), jnp.zeros_like(count))
-  return (y, stats), (dy, dstats)
+  dstats = Moments(
+    dmean.reshape(kept).astype(mean.dtype),
+    (2.0 * cov).reshape(kept).astype(var.dtype),
+    jnp.zeros_like(count),
+  )
+  return (y, stats), (dy.astype(y.dtype), dstats)
 
 
 def affine_normalize(
@@ -258,7 +267,7 @@ def affine_normalize(
     scale: optional ``γ``, broadcastable to ``x`` (size 1 on the non-feature axes).
     bias: optional ``β``, broadcastable to ``x``.
     center: subtract the mean (False: RMS normalization, ``x / sqrt(mean(x²) + ε)``).
-    epsilon: the positive constant added to the variance (or, with
+    epsilon: the constant (>= 0) added to the variance (or, with
       ``epsilon_in_root=False``, to the standard deviation).
     epsilon_in_root: ``1/sqrt(var + ε)`` if True, ``1/(sqrt(var) + ε)`` if False.
     mask: optional boolean mask broadcastable to ``x``; statistics use its True positions,
@@ -283,12 +292,23 @@ def affine_normalize(
   )
   if mask is not None:
     mask = broadcast_mask(mask, x.shape)
+  if any(jnp.iscomplexobj(a) for a in (x, scale, bias)):
+    return _compiled_complex_normalize(x, scale, bias, mask, cfg)
   return _compiled_affine_normalize(x, scale, bias, mask, cfg)
+
+
+def _complex_normalize(x, scale, bias, mask, cfg):
+  """Complex inputs (Flax's semantics: complex mean, real variance ``E|x − μ|²``) take the
+  exact two-pass statistics and JAX's own derivative: the closed-form rule above is
+  written for real arithmetic."""
+  y, stats, _ = _primal(x, scale, bias, mask, cfg, differentiated=True)
+  return y, stats
 
 
 # Compiled once per shape and configuration: eager calls run one XLA program instead of
 # dispatching every operation; under an outer jit this is simply inlined.
 _compiled_affine_normalize = jax.jit(_affine_normalize, static_argnums=(4,))
+_compiled_complex_normalize = jax.jit(_complex_normalize, static_argnums=(4,))
 
 
 def apply_moments(

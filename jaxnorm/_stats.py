@@ -1,10 +1,12 @@
 """Statistics, once: reduction dtype, masked and cross-device moments, running averages.
 
 The numerics policy of the whole library lives here: statistics are reduced in at least
-float32, the variance comes from sums shifted by an element of each group, from checked
-plain sums with an exact fallback, or from the two-pass formula, so it stays accurate when
-``|mean| >> std``; a group with no valid element has mean 0, variance 0 and count 0 instead
-of NaN; and cross-device statistics are weighted by each device's valid count.
+float32 (counts and sums always are, whatever the statistics' dtype), the variance comes from
+sums shifted by an element of each group, from checked plain sums with an exact fallback, or
+from the two-pass formula, so it stays accurate when ``|mean| >> std``; complex inputs get a
+complex mean and the real variance ``E|x − μ|²``; a group with no valid element (a mask, or
+a size-0 axis) has mean 0, variance 0 and count 0 instead of NaN; and cross-device
+statistics are weighted by each device's valid count.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ class Moments(NamedTuple):
 
   Attributes:
     mean: the mean over the valid elements (0 when not centering, and for empty groups).
-    var: the biased variance over the valid elements, or the mean square when not
-      centering (0 for empty groups).
+    var: the biased variance ``E|x − μ|²`` over the valid elements, or the mean square
+      when not centering (0 for empty groups); real also for complex inputs.
     count: the number of valid elements that went into each statistic, summed across
-      devices when an ``axis_name`` is given (a float array of the statistics' shape).
+      devices when an ``axis_name`` is given (an array of the statistics' shape, in at
+      least float32, so counts above 65,504 or 256 stay exact).
   """
 
   mean: jax.Array
@@ -40,23 +43,52 @@ def reduction_dtype(x_dtype: Any, dtype: Any = None, force_float32: bool = True)
   """Returns the dtype in which statistics are computed.
 
   It is ``dtype`` if given, else ``x_dtype``; promoted to at least float32 when
-  ``force_float32`` (so half-precision inputs get float32 statistics while float64 stays
-  float64); and always a floating type (integer inputs give float32).
+  ``force_float32`` (so half-precision inputs get float32 statistics while float64 and
+  complex stay as they are); and always inexact (integer inputs give float32). Complex
+  inputs keep a complex dtype (the mean is complex, the variance real).
+
+  Raises:
+    TypeError: for a complex input with a real ``dtype``, which would discard the
+      imaginary part.
 
   >>> reduction_dtype(jnp.bfloat16)
   dtype('float32')
+  >>> reduction_dtype(jnp.complex64)
+  dtype('complex64')
   """
   dt = jnp.dtype(x_dtype if dtype is None else dtype)
-  if jnp.issubdtype(jnp.dtype(x_dtype), jnp.complexfloating) or jnp.issubdtype(
+  if jnp.issubdtype(jnp.dtype(x_dtype), jnp.complexfloating) and not jnp.issubdtype(
     dt, jnp.complexfloating
   ):
     raise TypeError(
-      f"jaxnorm normalizes real inputs, got dtype {jnp.dtype(x_dtype)} (dtype={dtype}); "
-      f"normalize the real and imaginary parts (or the magnitude) separately."
+      f"dtype={jnp.dtype(dt)} would discard the imaginary part of a {jnp.dtype(x_dtype)} "
+      f"input; pass a complex dtype (e.g. dtype=jnp.complex64), or dtype=None to keep "
+      f"the input's."
     )
   if force_float32 or not jnp.issubdtype(dt, jnp.inexact):
     dt = jnp.promote_types(dt, jnp.float32)
   return jnp.dtype(dt)
+
+
+def real_dtype(dtype: Any) -> np.dtype:
+  """The real dtype of the same precision (``complex64`` → ``float32``; reals unchanged)."""
+  dtype = jnp.dtype(dtype)
+  if jnp.issubdtype(dtype, jnp.complexfloating):
+    return jnp.dtype(jnp.finfo(dtype).dtype)
+  return dtype
+
+
+def count_dtype(dtype: Any) -> np.dtype:
+  """The dtype of counts, ``1/n`` and sums: real, and at least float32 whatever the
+  statistics' dtype (float16 cannot hold a count above 65,504, bfloat16 rounds 257 to 256)."""
+  return jnp.dtype(jnp.promote_types(real_dtype(dtype), jnp.float32))
+
+
+def abs_sq(z: jax.Array) -> jax.Array:
+  """``|z|²``, real: ``z·z`` for real ``z``, ``re(z)² + im(z)²`` for complex."""
+  if jnp.iscomplexobj(z):
+    return lax.square(lax.real(z)) + lax.square(lax.imag(z))
+  return z * z
 
 
 def psum(value: Any, axis_name: Any, axis_index_groups: Any = None) -> Any:
@@ -113,14 +145,18 @@ def _split_channels(shape, axis, g):
 def _repeat_on_channels(k, split, axis):
   """A per-group value ``k`` (``split`` shape with 1 for the channels within a group)
   repeated on each of its group's channels, channel axis merged back."""
-  return jnp.broadcast_to(k, split).reshape(split[:axis] + (-1,) + split[axis + 2 :])
+  merged = split[:axis] + (split[axis] * split[axis + 1],) + split[axis + 2 :]
+  return jnp.broadcast_to(k, split).reshape(merged)  # (no -1: size-0 arrays cannot infer it)
 
 
 def shifts(x, axes, groups=None):
   """Two elements of each group of ``x`` (its first and its last along every reduced axis
   and, with ``groups = (axis, G)``, its first and last channel, repeated on the group's
   channels), as small arrays broadcastable to ``x``; None when a reduced axis is sharded
-  in ``x``'s type (explicit sharding cannot slice one element out of a sharded axis)."""
+  in ``x``'s type (explicit sharding cannot slice one element out of a sharded axis) or
+  when ``x`` is empty (there is no element to shift by)."""
+  if x.size == 0:
+    return None
   try:
     spec = tuple(jax.typeof(x).sharding.spec)
   except (AttributeError, TypeError):
@@ -158,7 +194,8 @@ def _checked_moments(x, axes, inv_n, groups=None):
   mean = group_sum(x, axes, groups) * inv_n
   fast = jnp.maximum(group_sum(x * x, axes, groups) * inv_n - mean * mean, 0)
   limit = 2e-6 / float(jnp.finfo(x.dtype).eps)
-  well_conditioned = jnp.max(mean * mean - limit * fast) <= 0  # one small reduction
+  # One small reduction (``initial`` covers inputs with no group at all).
+  well_conditioned = jnp.max(mean * mean - limit * fast, initial=-jnp.inf) <= 0
 
   def two_pass(operands):
     x, mean, _ = operands
@@ -184,11 +221,11 @@ def _shifted_moments(x, axes, inv_n, groups, shifts):
   expressions, each fused into its own read of ``x``. A plain ``Σx`` instead of ``s₁``
   measured ~10 % faster forward but 0.39 off at mean 1e6 (its rounding, ~eps·|Σx|, enters
   the variance); rejected. With ``shifts=None`` (a sharded reduced axis) it is the exact
-  two-pass formula.
+  two-pass formula, also used for complex inputs (variance ``E|x − μ|²``) and empty ones.
   """
-  if shifts is None:  # a sharded reduced axis: the exact two-pass formula
+  if shifts is None:  # a sharded reduced axis, an empty or complex input: two passes
     mean = group_sum(x, axes, groups) * inv_n
-    return mean, group_sum(jnp.square(x - mean), axes, groups) * inv_n
+    return mean, group_sum(abs_sq(x - mean), axes, groups) * inv_n
   a, b = shifts
   d1 = group_sum(x - a, axes, groups) * inv_n
   s2 = group_sum(jnp.square(x - b), axes, groups) * inv_n
@@ -199,36 +236,48 @@ def _shifted_moments(x, axes, inv_n, groups, shifts):
 def group_moments(
   x, axes, center, mask, axis_name, axis_index_groups, groups=None, shifts="checked"
 ):
-  """Moments of ``x`` (already in the reduction dtype) with the reduced dims kept; with
+  """Moments of ``x`` (already in the statistics' dtype) with the reduced dims kept; with
   ``groups = (axis, G)``, also over groups of channels (see :func:`group_sum`).
 
   The variance is always centred-accurate: on one device without a mask it comes from
   :func:`_checked_moments` (``shifts="checked"``) or :func:`_shifted_moments` (``shifts``
-  from :func:`shifts`, or None for the two-pass formula); with a mask or across devices
-  from the two-pass formula (count-weighted ``psum`` of the sums, then of the squared
-  deviations).
+  from :func:`shifts`, or None for the two-pass formula); with a mask, across devices, for
+  complex or empty inputs from the two-pass formula (count-weighted ``psum`` of the sums,
+  then of the squared deviations). Counts, ``1/n`` and every sum are in at least float32
+  (:func:`count_dtype`); the mean comes back in ``x``'s dtype, the variance in its real
+  dtype, the count in the count dtype.
   """
+  out_dtype = x.dtype
+  # Half precision (force_float32_reductions=False) is summed in float32 and rounded at the
+  # end, as jnp.mean does: a float16 sum of more than 65,504 ones overflows.
+  x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+  cdt = count_dtype(x.dtype)
+  if jnp.iscomplexobj(x) or x.size == 0:
+    shifts = None
   per_group = 1 if groups is None else x.shape[groups[0]] // groups[1]
 
   def total(z):
     return psum(group_sum(z, axes, groups), axis_name, axis_index_groups)
 
+  def result(mean, var, count):
+    return Moments(mean.astype(out_dtype), var.astype(real_dtype(out_dtype)), count)
+
   if mask is None:
     n_local = math.prod(x.shape[a] for a in axes) * per_group
-    count = psum(jnp.asarray(n_local, x.dtype), axis_name, axis_index_groups)
+    count = psum(jnp.asarray(n_local, cdt), axis_name, axis_index_groups)
     kept = tuple(1 if a in axes else d for a, d in enumerate(x.shape))
     count = jnp.broadcast_to(count, kept)
     inv_n = 1.0 / jnp.maximum(count, 1)
     if center and axis_name is None:
       if isinstance(shifts, str):  # the undifferentiated forward: see _checked_moments
-        return Moments(*_checked_moments(x, axes, inv_n, groups), count)
-      return Moments(*_shifted_moments(x, axes, inv_n, groups, shifts), count)
+        return result(*_checked_moments(x, axes, inv_n, groups), count)
+      return result(*_shifted_moments(x, axes, inv_n, groups, shifts), count)
     mean = total(x) * inv_n if center else jnp.zeros_like(inv_n)
     dev = x - mean if center else x
-    return Moments(mean, total(dev * dev) * inv_n, count)
+    return result(mean, total(abs_sq(dev)) * inv_n, count)
 
   valid = broadcast_mask(mask, x.shape)
-  count = group_sum(valid, axes, groups, dtype=x.dtype)
+  count = group_sum(valid, axes, groups, dtype=cdt)
   if center:
     sums = group_sum(jnp.where(valid, x, 0), axes, groups)
     count, sums = psum((count, sums), axis_name, axis_index_groups)
@@ -238,8 +287,8 @@ def group_moments(
     count = psum(count, axis_name, axis_index_groups)
     mean = jnp.zeros_like(count)
     dev = jnp.where(valid, x, 0)
-  var = total(dev * dev) / jnp.maximum(count, 1)
-  return Moments(mean, var, count)
+  var = total(abs_sq(dev)) / jnp.maximum(count, 1)
+  return result(mean, var, count)
 
 
 def moments(
@@ -291,6 +340,30 @@ def moments(
   return Moments(*(jnp.squeeze(s, axes) for s in stats))
 
 
+def concrete_value(value: Any) -> np.ndarray | None:
+  """``value`` as a NumPy array when it is known at trace time (a Python or NumPy number,
+  a concrete ``jax.Array``), None when it is traced."""
+  try:
+    return np.asarray(value)
+  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+    return None
+
+
+def check_momentum(momentum: Any) -> None:
+  """Raises a ``ValueError`` if a concrete ``momentum`` is not in [0, 1] (NaN included);
+  traced values (e.g. a schedule under ``jit``) pass unchecked."""
+  value = concrete_value(momentum)
+  if value is None:
+    return
+  if not (np.issubdtype(value.dtype, np.number) or value.dtype == bool) or np.iscomplexobj(value):
+    raise TypeError(f"momentum must be a real number in [0, 1], got {momentum!r}.")
+  if not np.all((value >= 0) & (value <= 1)):
+    raise ValueError(
+      f"momentum must lie in [0, 1] (the weight kept by the running average), got "
+      f"{momentum!r}; PyTorch's momentum m corresponds to 1 - m here (its 0.1 is 0.9)."
+    )
+
+
 def update_running_average(
   running_mean: jax.Array,
   running_var: jax.Array,
@@ -299,40 +372,46 @@ def update_running_average(
 ) -> tuple[jax.Array, jax.Array]:
   """Exponential moving average of the statistics, Flax's convention.
 
-  ``ra = momentum * ra + (1 - momentum) * batch`` for the mean and the (biased) variance;
-  a statistic whose batch count is 0 (every element masked) keeps its running value.
-  PyTorch's ``momentum=0.1`` corresponds to ``momentum=0.9`` here (PyTorch also stores the
-  unbiased variance).
+  ``ra = momentum * ra + (1 - momentum) * batch`` for the mean and the (biased) variance.
+  A statistic keeps its running value when its batch count is 0 (every element masked, or
+  an empty batch) or when its batch mean or variance is not finite (a NaN or inf in the
+  batch): one bad batch does not poison the running averages for good, while the output of
+  that step still shows the NaN. PyTorch's ``momentum=0.1`` corresponds to
+  ``momentum=0.9`` here (PyTorch also stores the unbiased variance).
 
   Args:
-    running_mean: the running mean, of the statistics' shape.
+    running_mean: the running mean, of the statistics' shape (complex for complex data).
     running_var: the running variance, of the statistics' shape.
     batch: the batch :class:`Moments` (without kept dims), e.g. from :func:`moments`.
-    momentum: the decay rate in [0, 1].
+    momentum: the decay rate in [0, 1]; a traced value is accepted (not range-checked).
 
   Returns:
-    ``(new_mean, new_var)`` in the running statistics' dtypes.
+    ``(new_mean, new_var)`` in the running statistics' dtypes (a real running mean
+    becomes complex when the batch mean is complex, as in Flax).
+
+  Raises:
+    ValueError: for a concrete momentum outside [0, 1] or statistics of another shape.
 
   >>> m = Moments(jnp.array([2.0, 5.0]), jnp.array([4.0, 1.0]), jnp.array([8.0, 0.0]))
   >>> mean, var = update_running_average(jnp.zeros(2), jnp.ones(2), m, 0.9)
   >>> print(mean, var)
   [0.2 0. ] [1.3 1. ]
   """
-  if isinstance(momentum, int | float) and not 0.0 <= momentum <= 1.0:
-    raise ValueError(
-      f"momentum must lie in [0, 1] (the weight kept by the running average), got {momentum}; "
-      f"PyTorch's momentum m corresponds to 1 - m here (its 0.1 is 0.9)."
-    )
+  check_momentum(momentum)
   for name, ra, b in (("mean", running_mean, batch.mean), ("var", running_var, batch.var)):
     if jnp.shape(ra) != jnp.shape(b):
       raise ValueError(
         f"running {name} has shape {jnp.shape(ra)} but the batch statistics have shape "
         f"{jnp.shape(b)}; the running statistics must be those of the same layer and axes."
       )
-  has_data = batch.count > 0
+  use = (batch.count > 0) & jnp.isfinite(batch.mean) & jnp.isfinite(batch.var)
 
   def ema(ra, b):
+    ra = jnp.asarray(ra)
+    dtype = ra.dtype
+    if jnp.iscomplexobj(b) and not jnp.iscomplexobj(ra):
+      dtype = jnp.promote_types(dtype, b.dtype)
     new = momentum * ra + (1.0 - momentum) * b
-    return jnp.where(has_data, new, ra).astype(jnp.asarray(ra).dtype)
+    return jnp.where(use, new, ra).astype(dtype)
 
   return ema(running_mean, batch.mean), ema(running_var, batch.var)

@@ -22,6 +22,7 @@ from jaxnorm._stats import (
   broadcast_mask,
   freeze_groups,
   group_moments,
+  real_dtype,
   reduction_dtype,
 )
 
@@ -52,10 +53,28 @@ def _param(value, name, x_shape, feature_axes):
   return value.reshape(broadcast_shape(x_shape, feature_axes))
 
 
+def compute_dtype(x: Any, *operands: Any, dtype: Any = None, force_float32: bool = True):
+  """The dtype the kernel runs in: :func:`jaxnorm.reduction_dtype` of ``x``, made complex
+  when a parameter or statistic among ``operands`` is (Flax then returns complex too)."""
+  cdt = reduction_dtype(jnp.asarray(x).dtype, dtype, force_float32)
+  for a in operands:
+    if a is not None and jnp.iscomplexobj(a):
+      cdt = jnp.promote_types(cdt, jnp.asarray(a).dtype)
+  return jnp.dtype(cdt)
+
+
+def cast(value: Any, dtype: Any) -> jax.Array:
+  """``value`` in ``dtype``, or in its real dtype when ``value`` is real (real parameters
+  and variances stay real next to complex data)."""
+  value = jnp.asarray(value)
+  return value.astype(dtype if jnp.iscomplexobj(value) else real_dtype(dtype))
+
+
 def _params(scale, bias, x_shape, feature_axes, dtype):
-  """Checked ``(γ, β)`` in ``dtype``, shaped to broadcast against ``x`` (None stays None)."""
+  """Checked ``(γ, β)`` in ``dtype`` (real ones in its real dtype), shaped to broadcast
+  against ``x`` (None stays None)."""
   return tuple(
-    None if p is None else _param(p, name, x_shape, feature_axes).astype(dtype)
+    None if p is None else cast(_param(p, name, x_shape, feature_axes), dtype)
     for name, p in (("scale", scale), ("bias", bias))
   )
 
@@ -115,7 +134,8 @@ def normalize(
     axes: the axes to compute the statistics over (int or sequence; negative allowed).
     center: subtract the mean.
     scale: divide by the standard deviation (or the RMS when not centering).
-    epsilon: a positive constant added to the variance.
+    epsilon: a constant >= 0 added to the variance; with 0, a constant group gives
+      what the formula gives, 0/0 = NaN.
     mask: optional boolean array broadcastable to ``x``: only True positions enter the
       statistics; every position is normalized with them (as in Flax). A group with no
       True position has no statistics; its output is 0 rather than NaN.
@@ -127,8 +147,8 @@ def normalize(
     An array of ``x``'s shape and dtype (float32 for integer inputs).
 
   Raises:
-    ValueError: for out-of-range or repeated axes, a non-positive epsilon, or a mask that
-      does not broadcast to ``x``.
+    ValueError: for out-of-range or repeated axes, a negative or NaN epsilon, or a mask
+      that does not broadcast to ``x``.
 
   >>> x = jnp.array([[1., 2., 3., 4.]])
   >>> print(normalize(x, axes=-1, epsilon=1e-12))
@@ -200,7 +220,7 @@ def _norm(
   kernel in the reduction dtype, casts to Flax's output dtype. ``channel_groups`` is
   GroupNorm's ``(channel axis, number of groups)``."""
   out_dtype = output_dtype(x, scale, bias, dtype=dtype)
-  cdt = reduction_dtype(x.dtype, dtype, force_float32_reductions)
+  cdt = compute_dtype(x, scale, bias, dtype=dtype, force_float32=force_float32_reductions)
   gamma, beta = _params(scale, bias, x.shape, feature_axes, cdt)
   if gamma is not None and zero_centered_scale:
     gamma = 1 + gamma
@@ -245,7 +265,7 @@ def layer_norm(
     bias: optional ``β`` of the feature shape.
     reduction_axes: axes of the statistics.
     feature_axes: axes the scale and bias run along.
-    epsilon: positive constant added to the variance (Flax's default 1e-6).
+    epsilon: constant >= 0 added to the variance (Flax's default 1e-6).
     mask: optional boolean mask broadcastable to ``x`` (see :func:`normalize`).
     axis_name: optional mapped axis to combine statistics across.
     axis_index_groups: optional index groups along ``axis_name``.
@@ -299,7 +319,8 @@ def rms_norm(
     bias: optional ``β`` of the feature shape (most RMSNorms have none).
     reduction_axes: axes of the mean square (default: the last).
     feature_axes: axes the scale and bias run along.
-    epsilon: positive constant (Flax's default 1e-6).
+    epsilon: constant >= 0 (Flax's default 1e-6); with 0 this is the textbook
+      ``x / RMS(x)``, and an all-zero group gives what that formula gives, ``0/0 = NaN``.
     epsilon_in_root: if False, ``x / (sqrt(mean(x²)) + ε)``, as some references write it.
     zero_centered_scale: multiply by ``1 + γ`` (Gemma-style; γ starts at 0).
     mask: optional boolean mask broadcastable to ``x`` (see :func:`normalize`).
@@ -356,7 +377,7 @@ def instance_norm(
     scale: optional ``γ`` of the feature shape.
     bias: optional ``β`` of the feature shape.
     feature_axes: the channel axes (must not include axis 0, the batch).
-    epsilon: positive constant (Flax's default 1e-6).
+    epsilon: constant >= 0 (Flax's default 1e-6).
     mask: optional boolean mask broadcastable to ``x`` (see :func:`normalize`).
     axis_name: optional mapped axis to combine statistics across.
     axis_index_groups: optional index groups along ``axis_name``.
@@ -392,6 +413,18 @@ def instance_norm(
     return y
 
 
+def channel_axis(feature_axis: Any, ndim: int) -> int:
+  """GroupNorm's one channel axis, non-negative; a sequence of several axes is refused
+  (the channels of one axis are grouped)."""
+  axes = canonicalize_axes(feature_axis, ndim, name="feature_axis")
+  if len(axes) != 1:
+    raise ValueError(
+      f"GroupNorm groups the channels of one axis, but got feature_axis={feature_axis!r} "
+      f"({len(axes)} axes); pass a single int, e.g. feature_axis=-1 (NHWC) or 1 (NCHW)."
+    )
+  return axes[0]
+
+
 def resolve_groups(channels: int, num_groups: int | None, group_size: int | None) -> int:
   """Returns the number of groups from exactly one of ``num_groups`` and ``group_size``."""
   if (num_groups is None) == (group_size is None):
@@ -406,7 +439,7 @@ def resolve_groups(channels: int, num_groups: int | None, group_size: int | None
         f"group_size={group_size} does not divide the {channels} channels; choose a "
         f"divisor of {channels} (e.g. {_divisors(channels)})."
       )
-    return channels // group_size
+    return channels // group_size or 1  # no channels: one empty group
   if num_groups <= 0 or channels % num_groups:
     raise ValueError(
       f"num_groups={num_groups} does not divide the {channels} channels; choose a "
@@ -451,7 +484,7 @@ def group_norm(
     feature_axis: the channel axis (default -1, channels-last).
     reduction_axes: axes of the statistics; must include ``feature_axis`` (default: all
       axes but the leading batch axis).
-    epsilon: positive constant (Flax's default 1e-6).
+    epsilon: constant >= 0 (Flax's default 1e-6).
     mask: optional boolean mask broadcastable to ``x`` (see :func:`normalize`).
     axis_name: optional mapped axis to combine statistics across.
     axis_index_groups: optional index groups along ``axis_name``.
@@ -467,7 +500,7 @@ def group_norm(
   """
   with jax.named_scope("jaxnorm.group_norm"):
     x = jnp.asarray(x)
-    f = canonicalize_axes(feature_axis, x.ndim, name="feature_axis")[0]
+    f = channel_axis(feature_axis, x.ndim)
     if reduction_axes is None:
       red = tuple(range(1, x.ndim))
     else:
@@ -541,7 +574,7 @@ def batch_norm(
     axis: the feature axis or axes (default -1).
     reduction_axes: axes of the statistics (default: all axes not in ``axis``). For a
       sequence ``(B, T, D)``, ``reduction_axes=0`` keeps statistics per time step and feature.
-    epsilon: positive constant added to the variance (default 1e-5).
+    epsilon: constant >= 0 added to the variance (default 1e-5).
     mask: optional boolean mask broadcastable to ``x`` (see :func:`normalize`).
     axis_name: optional mapped axis to combine statistics across (count-weighted).
     axis_index_groups: optional index groups along ``axis_name``.
@@ -565,28 +598,14 @@ def batch_norm(
     x = jnp.asarray(x)
     feat = canonicalize_axes(axis, x.ndim, name="axis")
     red = batch_norm_axes(x.ndim, feat, reduction_axes)
-    stats_shape = kept_shape(x.shape, red)
+    common = dict(epsilon=epsilon, dtype=dtype, force_float32_reductions=force_float32_reductions)
     if (mean is None) != (var is None):
       raise ValueError(
         "batch_norm got only one of mean and var; pass both (inference with given "
         "statistics) or neither (training with the batch's statistics)."
       )
     if mean is not None:
-      cdt = reduction_dtype(x.dtype, dtype, force_float32_reductions)
-      bshape = tuple(1 if a in red else d for a, d in enumerate(x.shape))
-      stats = []
-      for name, s in (("mean", mean), ("var", var)):
-        s = jnp.asarray(s)
-        if s.shape != stats_shape:
-          raise ValueError(
-            f"{name} has shape {s.shape}, but the statistics of an input of shape {x.shape} "
-            f"reduced over {red} have shape {stats_shape}; pass running statistics of that "
-            f"shape (were they made with another axis or input layout?)."
-          )
-        stats.append(s.astype(cdt).reshape(bshape))
-      gamma, beta = _params(scale, bias, x.shape, feat, cdt)
-      y = apply_moments(x.astype(cdt), *stats, gamma, beta, epsilon=epsilon)
-      return y.astype(output_dtype(x, scale, bias, dtype=dtype))
+      return batch_norm_eval(x, scale, bias, mean, var, feat, red, **common)
     n = math.prod(x.shape[a] for a in red)
     if n == 1 and axis_name is None:
       raise ValueError(
@@ -595,13 +614,45 @@ def batch_norm(
         f"output would be just the bias). Use a batch larger than 1, normalize with running "
         f"statistics (use_running_average=True), or use LayerNorm/GroupNorm."
       )
-    y, stats = _norm(
+    return batch_norm_train(
       x,
-      red,
-      feat,
       scale,
       bias,
-      epsilon=epsilon,
-      **_shared(mask, axis_name, axis_index_groups, dtype, force_float32_reductions),
+      feat,
+      red,
+      mask=mask,
+      axis_name=axis_name,
+      axis_index_groups=axis_index_groups,
+      **common,
     )
-    return y, Moments(*(jnp.squeeze(s, red) for s in stats))
+
+
+def batch_norm_eval(
+  x, scale, bias, mean, var, feat, red, *, epsilon, dtype, force_float32_reductions
+) -> jax.Array:
+  """BatchNorm with given statistics (axes already canonical): checks their shapes, then
+  ``γ·(x − mean)/sqrt(var + ε) + β``."""
+  stats_shape = kept_shape(x.shape, red)
+  cdt = compute_dtype(x, scale, bias, mean, dtype=dtype, force_float32=force_float32_reductions)
+  bshape = tuple(1 if a in red else d for a, d in enumerate(x.shape))
+  stats = []
+  for name, s in (("mean", mean), ("var", var)):
+    s = jnp.asarray(s)
+    if s.shape != stats_shape:
+      raise ValueError(
+        f"{name} has shape {s.shape}, but the statistics of an input of shape {x.shape} "
+        f"reduced over {red} have shape {stats_shape}; pass running statistics of that "
+        f"shape (were they made with another axis or input layout?)."
+      )
+    stats.append(cast(s, cdt).reshape(bshape))
+  gamma, beta = _params(scale, bias, x.shape, feat, cdt)
+  y = apply_moments(x.astype(cdt), *stats, gamma, beta, epsilon=epsilon)
+  complex_mean = mean if jnp.iscomplexobj(mean) else None  # a real mean is not promoted with
+  return y.astype(output_dtype(x, scale, bias, complex_mean, dtype=dtype))  # (Flax's rule)
+
+
+def batch_norm_train(x, scale, bias, feat, red, **kw) -> tuple[jax.Array, Moments]:
+  """BatchNorm with the batch's statistics (axes already canonical; no batch-size check):
+  ``(y, Moments)`` with the moments squeezed to the statistics' shape."""
+  y, stats = _norm(x, red, feat, scale, bias, **kw)
+  return y, Moments(*(jnp.squeeze(s, red) for s in stats))

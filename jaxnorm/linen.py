@@ -1,23 +1,26 @@
 """Flax linen modules: drop-in replacements for ``flax.linen``'s norms, thin over the maths.
 
-Each module has every constructor attribute of its ``flax.linen`` namesake, with the same
-defaults and meanings, the same ``__call__`` signature and the same variable tree
+Each module subclasses its ``flax.linen`` namesake, so it has every constructor attribute
+in Flax's order with Flax's defaults, and ``isinstance``/``issubclass`` checks against
+Flax's classes hold; it has the same ``__call__`` signature and the same variable tree
 (``params``: ``scale``, ``bias``; ``batch_stats``: ``mean``, ``var``), so swapping
-``nn.BatchNorm`` for ``jaxnorm.BatchNorm`` keeps a model's results and checkpoints. A module
-only creates its variables and calls a pure function of :mod:`jaxnorm.functional`.
+``nn.BatchNorm`` for ``jaxnorm.BatchNorm`` keeps a model's checkpoints and its results equal
+to float32 rounding. A module only creates its variables and calls a pure function of
+:mod:`jaxnorm.functional` or :mod:`jaxnorm.batch`; jaxnorm's own attributes come after
+Flax's.
 
 Differences that go beyond Flax, never changing what Flax's arguments mean: the variance is
-always the accurate centred one (``use_fast_variance`` is accepted for compatibility; the
-accurate formula measures as fast); masked groups with no valid element give no NaN and
-leave running statistics untouched; BatchNorm refuses to train on one value per feature;
-BatchNorm can reduce over a subset of the non-feature axes (``reduction_axes``); GroupNorm
-takes a ``feature_axis`` (channels-first data); RMSNorm can add a bias, put epsilon outside
-the root and use a zero-centred scale.
+always the accurate centred one (``use_fast_variance`` is accepted for compatibility; see
+``benchmarks/RESULTS.md`` for what it costs); masked groups with no valid element give no
+NaN; running statistics skip features whose batch has no valid element or non-finite
+statistics; BatchNorm refuses to train on one value per feature; BatchNorm can reduce over
+a subset of the non-feature axes (``reduction_axes``); GroupNorm takes a ``feature_axis``
+(channels-first data); RMSNorm can add a bias, put epsilon outside the root and use a
+zero-centred scale.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import flax.linen as nn
@@ -26,7 +29,7 @@ from jax.nn import initializers
 
 from jaxnorm import functional as F
 from jaxnorm._axes import Axes, canonicalize_axes, kept_shape
-from jaxnorm._stats import update_running_average
+from jaxnorm.batch import batch_norm_step, running_stats_dtypes
 
 Initializer = Any
 Dtype = Any
@@ -55,14 +58,17 @@ def _merge_use_running_average(attribute: bool | None, argument: bool | None) ->
   return bool(attribute if argument is None else argument)
 
 
-class BatchNorm(nn.Module):
+class BatchNorm(nn.BatchNorm):
   """Batch normalization (Ioffe & Szegedy 2015), drop-in for ``flax.linen.BatchNorm``.
 
   ``y = γ·(x − μ)/sqrt(σ² + ε) + β`` with ``μ, σ²`` the batch statistics per feature in
   training and the running averages in ``batch_stats`` at inference. In training (called
   with ``mutable=['batch_stats']``) the running averages are updated as
   ``ra = momentum·ra + (1 − momentum)·batch`` (biased variance, Flax's convention; PyTorch's
-  ``momentum=0.1`` is ``momentum=0.9`` here); ``init`` does not update them.
+  ``momentum=0.1`` is ``momentum=0.9`` here); a feature whose batch has no valid element or
+  non-finite statistics (a NaN in the batch) keeps its running values. ``init`` does not
+  update them, and a dummy batch with one value per feature is accepted there (the output
+  is then ``β``, as in Flax). The logic is :func:`jaxnorm.batch.batch_norm_step`'s.
 
   >>> import jax, jaxnorm
   >>> bn = jaxnorm.BatchNorm(use_running_average=False, momentum=0.9)
@@ -76,8 +82,8 @@ class BatchNorm(nn.Module):
     use_running_average: if True, normalize with the stored running statistics instead of
       the batch's (give it here or in the call, exactly once).
     axis: the feature axis or axes (default -1).
-    momentum: decay rate of the running averages (default 0.99).
-    epsilon: positive constant added to the variance (default 1e-5).
+    momentum: decay rate of the running averages, in [0, 1] (default 0.99).
+    epsilon: constant >= 0 added to the variance (default 1e-5).
     dtype: the output dtype and the minimum dtype of the statistics (default: inferred
       from the input and parameters, as in Flax).
     param_dtype: dtype of ``scale`` and ``bias`` (default float32).
@@ -89,30 +95,19 @@ class BatchNorm(nn.Module):
       they are weighted by each device's valid count. Not used during ``init``.
     axis_index_groups: groups of indices along ``axis_name`` to normalize separately.
     use_fast_variance: accepted for compatibility with Flax. jaxnorm always computes the
-      accurate centred variance, which measures as fast as Flax's ``E[x²] − E[x]²``.
-    force_float32_reductions: compute statistics (and store running averages) in at least
-      float32 (default True). If False, they use the input's (or ``dtype``'s) precision and
-      the running averages use ``param_dtype``.
+      accurate centred variance (its cost against Flax's ``E[x²] − E[x]²`` is measured in
+      ``benchmarks/RESULTS.md``).
+    force_float32_reductions: compute statistics in at least float32 and store the running
+      averages in the promotion of float32 and ``param_dtype`` (float64 with
+      ``param_dtype=float64`` under ``jax_enable_x64``) (default True). If False, statistics
+      use the input's (or ``dtype``'s) precision, summed in float32, and the running
+      averages use ``param_dtype``. The running mean is complex for complex inputs.
     reduction_axes: (jaxnorm) the axes of the statistics, a subset of the non-feature axes
       (default: all of them). For a sequence ``(B, T, D)`` with ``reduction_axes=0``, the
       statistics are kept per time step and feature; ``batch_stats`` then has shape
       ``(T, D)`` while ``scale`` and ``bias`` stay ``(D,)``.
   """
 
-  use_running_average: bool | None = None
-  axis: int = -1
-  momentum: float = 0.99
-  epsilon: float = 1e-5
-  dtype: Dtype | None = None
-  param_dtype: Dtype = jnp.float32
-  use_bias: bool = True
-  use_scale: bool = True
-  bias_init: Initializer = initializers.zeros
-  scale_init: Initializer = initializers.ones
-  axis_name: str | None = None
-  axis_index_groups: Any = None
-  use_fast_variance: bool = True
-  force_float32_reductions: bool = True
   reduction_axes: Axes | None = None
 
   @nn.compact
@@ -134,39 +129,36 @@ class BatchNorm(nn.Module):
     feat = canonicalize_axes(self.axis, x.ndim, name="axis")
     red = F.batch_norm_axes(x.ndim, feat, self.reduction_axes)
     stats_shape = kept_shape(x.shape, red)
-    stat_dtype = jnp.float32 if self.force_float32_reductions else self.param_dtype
-    ra_mean = self.variable("batch_stats", "mean", jnp.zeros, stats_shape, stat_dtype)
-    ra_var = self.variable("batch_stats", "var", jnp.ones, stats_shape, stat_dtype)
-    scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias)
-    common = dict(
-      axis=feat,
-      reduction_axes=red,
-      epsilon=self.epsilon,
-      dtype=self.dtype,
-      force_float32_reductions=self.force_float32_reductions,
+    mean_dtype, var_dtype = running_stats_dtypes(
+      self.param_dtype, x.dtype, self.dtype, self.force_float32_reductions
     )
-    initializing = self.is_initializing()
-    one_value = math.prod(x.shape[a] for a in red) == 1
-    if use_ra or (initializing and one_value):
-      # A dummy batch of one at init is normalized with the initial running statistics.
-      return F.batch_norm(x, scale, bias, mean=ra_mean.value, var=ra_var.value, **common)
-    y, stats = F.batch_norm(
+    ra_mean = self.variable("batch_stats", "mean", jnp.zeros, stats_shape, mean_dtype)
+    ra_var = self.variable("batch_stats", "var", jnp.ones, stats_shape, var_dtype)
+    scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias)
+    y, updated = batch_norm_step(
       x,
       scale,
       bias,
+      ra_mean.value,
+      ra_var.value,
+      use_running_average=use_ra,
+      momentum=self.momentum,
+      initializing=self.is_initializing(),
+      axis=feat,
+      reduction_axes=red,
+      epsilon=self.epsilon,
       mask=mask,
-      axis_name=None if initializing else self.axis_name,
+      axis_name=self.axis_name,
       axis_index_groups=self.axis_index_groups,
-      **common,
+      dtype=self.dtype,
+      force_float32_reductions=self.force_float32_reductions,
     )
-    if not initializing:
-      ra_mean.value, ra_var.value = update_running_average(
-        ra_mean.value, ra_var.value, stats, self.momentum
-      )
+    if updated is not None:
+      ra_mean.value, ra_var.value = updated
     return y
 
 
-class LayerNorm(nn.Module):
+class LayerNorm(nn.LayerNorm):
   """Layer normalization (Ba et al. 2016), drop-in for ``flax.linen.LayerNorm``.
 
   ``y = γ·(x − μ)/sqrt(σ² + ε) + β`` with statistics per sample over ``reduction_axes``
@@ -180,7 +172,7 @@ class LayerNorm(nn.Module):
   [[-1.3416 -0.4472  0.4472  1.3416]]
 
   Attributes:
-    epsilon: positive constant added to the variance (default 1e-6).
+    epsilon: constant >= 0 added to the variance (default 1e-6).
     dtype: the output dtype and the minimum dtype of the statistics (default: inferred).
     param_dtype: dtype of ``scale`` and ``bias`` (default float32).
     use_bias: add the learned bias ``β``.
@@ -194,20 +186,6 @@ class LayerNorm(nn.Module):
     use_fast_variance: accepted for compatibility; the variance is always the accurate one.
     force_float32_reductions: compute statistics in at least float32 (default True).
   """
-
-  epsilon: float = 1e-6
-  dtype: Dtype | None = None
-  param_dtype: Dtype = jnp.float32
-  use_bias: bool = True
-  use_scale: bool = True
-  bias_init: Initializer = initializers.zeros
-  scale_init: Initializer = initializers.ones
-  reduction_axes: Axes = -1
-  feature_axes: Axes = -1
-  axis_name: str | None = None
-  axis_index_groups: Any = None
-  use_fast_variance: bool = True
-  force_float32_reductions: bool = True
 
   @nn.compact
   def __call__(self, x, *, mask=None):
@@ -230,7 +208,7 @@ class LayerNorm(nn.Module):
     )
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(nn.RMSNorm):
   """RMS normalization (Zhang & Sennrich 2019), drop-in for ``flax.linen.RMSNorm``.
 
   ``y = γ·x / sqrt(mean(x²) + ε)``, statistics per sample over ``reduction_axes``. Beyond
@@ -244,7 +222,7 @@ class RMSNorm(nn.Module):
   [0.0, 0.0, 0.0, 0.0]
 
   Attributes:
-    epsilon: positive constant added to the mean square (default 1e-6).
+    epsilon: constant >= 0 added to the mean square (default 1e-6).
     dtype: the output dtype and the minimum dtype of the statistics (default: inferred).
     param_dtype: dtype of ``scale`` (and ``bias``) (default float32).
     use_scale: multiply by the learned scale ``γ``.
@@ -263,17 +241,6 @@ class RMSNorm(nn.Module):
     zero_centered_scale: (jaxnorm) multiply by ``1 + γ`` with γ stored zero-centred.
   """
 
-  epsilon: float = 1e-6
-  dtype: Dtype | None = None
-  param_dtype: Dtype = jnp.float32
-  use_scale: bool = True
-  scale_init: Initializer = initializers.ones
-  reduction_axes: Axes = -1
-  feature_axes: Axes = -1
-  axis_name: str | None = None
-  axis_index_groups: Any = None
-  use_fast_variance: bool = True
-  force_float32_reductions: bool = True
   use_bias: bool = False
   bias_init: Initializer = initializers.zeros
   epsilon_in_root: bool = True
@@ -308,7 +275,7 @@ class RMSNorm(nn.Module):
     )
 
 
-class GroupNorm(nn.Module):
+class GroupNorm(nn.GroupNorm):
   """Group normalization (Wu & He 2018), drop-in for ``flax.linen.GroupNorm``.
 
   Channels are split into ``num_groups`` contiguous groups; statistics run per sample
@@ -326,7 +293,7 @@ class GroupNorm(nn.Module):
   Attributes:
     num_groups: number of channel groups (default 32); None when ``group_size`` is given.
     group_size: channels per group, instead of ``num_groups``.
-    epsilon: positive constant added to the variance (default 1e-6).
+    epsilon: constant >= 0 added to the variance (default 1e-6).
     dtype: the output dtype and the minimum dtype of the statistics (default: inferred).
     param_dtype: dtype of ``scale`` and ``bias`` (default float32).
     use_bias: add the learned bias ``β``.
@@ -342,27 +309,13 @@ class GroupNorm(nn.Module):
     feature_axis: (jaxnorm) the channel axis (default -1; 1 for NCHW).
   """
 
-  num_groups: int | None = 32
-  group_size: int | None = None
-  epsilon: float = 1e-6
-  dtype: Dtype | None = None
-  param_dtype: Dtype = jnp.float32
-  use_bias: bool = True
-  use_scale: bool = True
-  bias_init: Initializer = initializers.zeros
-  scale_init: Initializer = initializers.ones
-  reduction_axes: Axes | None = None
-  axis_name: str | None = None
-  axis_index_groups: Any = None
-  use_fast_variance: bool = True
-  force_float32_reductions: bool = True
   feature_axis: int = -1
 
   @nn.compact
   def __call__(self, x, *, mask=None):
     """Applies group normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
     x = jnp.asarray(x)
-    f = canonicalize_axes(self.feature_axis, x.ndim, name="feature_axis")[0]
+    f = F.channel_axis(self.feature_axis, x.ndim)
     scale, bias = _affine_params(self, (x.shape[f],), self.use_bias)
     return F.group_norm(
       x,
@@ -381,7 +334,7 @@ class GroupNorm(nn.Module):
     )
 
 
-class InstanceNorm(nn.Module):
+class InstanceNorm(nn.InstanceNorm):
   """Instance normalization (Ulyanov et al. 2016), drop-in for ``flax.linen.InstanceNorm``.
 
   Statistics per (sample, channel) over every axis except the leading batch axis and
@@ -396,7 +349,7 @@ class InstanceNorm(nn.Module):
    [ 0.4472  1.3416]]
 
   Attributes:
-    epsilon: positive constant added to the variance (default 1e-6).
+    epsilon: constant >= 0 added to the variance (default 1e-6).
     dtype: the output dtype and the minimum dtype of the statistics (default: inferred).
     param_dtype: dtype of ``scale`` and ``bias`` (default float32).
     use_bias: add the learned bias ``β``.
@@ -409,19 +362,6 @@ class InstanceNorm(nn.Module):
     use_fast_variance: accepted for compatibility; the variance is always the accurate one.
     force_float32_reductions: compute statistics in at least float32 (default True).
   """
-
-  epsilon: float = 1e-6
-  dtype: Dtype | None = None
-  param_dtype: Dtype = jnp.float32
-  use_bias: bool = True
-  use_scale: bool = True
-  bias_init: Initializer = initializers.zeros
-  scale_init: Initializer = initializers.ones
-  feature_axes: Axes = -1
-  axis_name: str | None = None
-  axis_index_groups: Any = None
-  use_fast_variance: bool = True
-  force_float32_reductions: bool = True
 
   @nn.compact
   def __call__(self, x, *, mask=None):

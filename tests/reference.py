@@ -1,10 +1,11 @@
 """A float64 NumPy reference for every norm, written from the formulas.
 
 Independent of ``jaxnorm``: plain NumPy, explicit axes, explicit loops where they make the
-definition plainer (GroupNorm). Each function returns float64 arrays.
+definition plainer (GroupNorm). Each function returns float64 arrays, or complex128 ones for
+complex inputs (Flax's semantics: complex mean, real variance E|x − μ|²).
 
-  x̂ = (x − μ) / sqrt(σ² + ε),   y = γ·x̂ + β          (σ² the biased variance)
-  RMS: x̂ = x / sqrt(mean(x²) + ε)  (or x / (sqrt(mean(x²)) + ε))
+  x̂ = (x − μ) / sqrt(σ² + ε),   y = γ·x̂ + β          (σ² = E|x − μ|², biased)
+  RMS: x̂ = x / sqrt(mean(|x|²) + ε)  (or x / (sqrt(mean(|x|²)) + ε))
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import numpy as np
 
 
 def _f64(a):
-  return None if a is None else np.asarray(a, dtype=np.float64)
+  if a is None:
+    return None
+  return np.asarray(a, dtype=np.complex128 if np.iscomplexobj(a) else np.float64)
 
 
 def _affine(xhat, gamma, beta, feature_axes):
@@ -38,7 +41,7 @@ def stats(x, axes, center=True, mask=None):
   n = w.sum(axes, keepdims=True)
   safe_n = np.where(n > 0, n, 1.0)
   mean = (w * x).sum(axes, keepdims=True) / safe_n if center else np.zeros_like(n)
-  var = (w * (x - mean) ** 2).sum(axes, keepdims=True) / safe_n
+  var = (w * np.abs(x - mean) ** 2).sum(axes, keepdims=True) / safe_n
   return mean, var, n
 
 
@@ -119,6 +122,6 @@ def group_norm(x, num_groups, gamma=None, beta=None, channel_axis=-1, eps=1e-6):
     for g in range(num_groups):
       block = xc[i, ..., g * size : (g + 1) * size]
       mu = block.mean()
-      var = ((block - mu) ** 2).mean()
+      var = (np.abs(block - mu) ** 2).mean()
       out[i, ..., g * size : (g + 1) * size] = (block - mu) / np.sqrt(var + eps)
   return _affine(np.moveaxis(out, -1, c), gamma, beta, (c,))

@@ -1,0 +1,139 @@
+"""The BatchNorm step shared by both front ends: which statistics to normalize with, the
+rules at ``init``, the update of the running averages, and the running statistics' dtypes.
+
+A module (Linen, NNX) only declares its ``mean``/``var`` variables with
+:func:`running_stats_dtypes` and calls :func:`batch_norm_step`; it writes back what the
+step returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxnorm._axes import Axes, canonicalize_axes
+from jaxnorm._stats import check_momentum, reduction_dtype, update_running_average
+from jaxnorm.functional import batch_norm, batch_norm_axes, batch_norm_train
+
+
+def running_stats_dtypes(
+  param_dtype: Any,
+  x_dtype: Any,
+  dtype: Any = None,
+  force_float32_reductions: bool = True,
+) -> tuple[np.dtype, np.dtype]:
+  """The dtypes of BatchNorm's running ``(mean, var)``.
+
+  With ``force_float32_reductions`` (the default) they are at least float32: the promotion
+  of float32 and ``param_dtype`` (so ``param_dtype=float64`` under ``jax_enable_x64`` keeps
+  float64 statistics, as Flax's do after their first update); without it, ``param_dtype``.
+  The mean is complex when the statistics are (a complex input or ``dtype``), the variance
+  ``E|x − μ|²`` stays real.
+
+  >>> running_stats_dtypes(jnp.bfloat16, jnp.bfloat16)
+  (dtype('float32'), dtype('float32'))
+  >>> running_stats_dtypes(jnp.float32, jnp.complex64)
+  (dtype('complex64'), dtype('float32'))
+  """
+  real = jnp.dtype(param_dtype)
+  if force_float32_reductions:
+    real = jnp.promote_types(real, jnp.float32)
+  real = jax.dtypes.canonicalize_dtype(real)  # float64 is float32 without jax_enable_x64
+  mean = real
+  if jnp.issubdtype(reduction_dtype(x_dtype, dtype, force_float32_reductions), jnp.complexfloating):
+    mean = jax.dtypes.canonicalize_dtype(jnp.promote_types(real, jnp.complex64))
+  return jnp.dtype(mean), jnp.dtype(real)
+
+
+def batch_norm_step(
+  x: jax.Array,
+  scale: jax.Array | None,
+  bias: jax.Array | None,
+  running_mean: jax.Array,
+  running_var: jax.Array,
+  *,
+  use_running_average: bool,
+  momentum: Any = 0.99,
+  initializing: bool = False,
+  axis: Axes = -1,
+  reduction_axes: Axes | None = None,
+  epsilon: float = 1e-5,
+  mask: jax.Array | None = None,
+  axis_name: Any = None,
+  axis_index_groups: Any = None,
+  dtype: Any = None,
+  force_float32_reductions: bool = True,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+  """One call of a BatchNorm layer, as a pure function: ``(y, new_running_stats)``.
+
+  - ``use_running_average``: normalize with ``running_mean``/``running_var``; no update
+    (``None`` is returned for the statistics).
+  - ``initializing`` (a module's ``init``): normalize with the batch statistics, without
+    ``axis_name`` (init may run outside the mapped axis) and without updating the running
+    statistics. A dummy batch with one value per feature is accepted there and gives what
+    Flax gives, ``β``.
+  - training: normalize with the batch statistics (refusing one value per feature) and
+    return the updated running averages (:func:`jaxnorm.update_running_average`: Flax's
+    momentum convention; a feature whose batch has no valid element or non-finite
+    statistics keeps its running values).
+
+  Args:
+    x: the input.
+    scale: ``γ`` of the feature shape, or None.
+    bias: ``β`` of the feature shape, or None.
+    running_mean: the running mean, of the statistics' shape.
+    running_var: the running variance, of the statistics' shape.
+    use_running_average: normalize with the running statistics (inference).
+    momentum: decay rate of the running averages, in [0, 1] (checked when concrete).
+    initializing: True while a module is being initialized.
+    axis: the feature axis or axes.
+    reduction_axes: the axes of the statistics (default: all but ``axis``).
+    epsilon: constant >= 0 added to the variance.
+    mask: optional boolean mask broadcastable to ``x`` (training only).
+    axis_name: optional mapped axis to combine the batch statistics across.
+    axis_index_groups: optional index groups along ``axis_name``.
+    dtype: output dtype and minimum statistics dtype (default: inferred as in Flax).
+    force_float32_reductions: compute statistics in at least float32.
+
+  Returns:
+    ``(y, (new_mean, new_var))`` in training, ``(y, None)`` otherwise.
+
+  >>> x = jnp.array([[1., 10.], [3., 30.]])
+  >>> y, (mean, var) = batch_norm_step(
+  ...   x, None, None, jnp.zeros(2), jnp.ones(2), use_running_average=False, momentum=0.5)
+  >>> mean.tolist(), var.tolist()
+  ([1.0, 10.0], [1.0, 50.5])
+  """
+  check_momentum(momentum)
+  x = jnp.asarray(x)
+  common = dict(
+    axis=axis,
+    reduction_axes=reduction_axes,
+    epsilon=epsilon,
+    dtype=dtype,
+    force_float32_reductions=force_float32_reductions,
+  )
+  if use_running_average:
+    return batch_norm(x, scale, bias, mean=running_mean, var=running_var, **common), None
+  if initializing:
+    feat = canonicalize_axes(axis, x.ndim, name="axis")
+    red = batch_norm_axes(x.ndim, feat, reduction_axes)
+    y, _ = batch_norm_train(
+      x,
+      scale,
+      bias,
+      feat,
+      red,
+      mask=mask,
+      epsilon=epsilon,
+      dtype=dtype,
+      force_float32_reductions=force_float32_reductions,
+    )
+    return y, None
+  y, stats = batch_norm(
+    x, scale, bias, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups, **common
+  )
+  return y, update_running_average(running_mean, running_var, stats, momentum)
