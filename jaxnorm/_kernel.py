@@ -84,6 +84,11 @@ def inverse_std(var: jax.Array, epsilon: float, epsilon_in_root: bool = True) ->
   return 1.0 / (jnp.sqrt(var) + epsilon)
 
 
+def _accumulation_dtype(dtype):
+  """At least float32 (complex and float64 unchanged): the dtype of the derivative's sums."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
 class _View(NamedTuple):
   """The statistics' view of ``x``: runs of adjacent axes that are all reduced or all kept
   (and along which the parameters and the mask are all full or all 1) merged into one.
@@ -187,7 +192,10 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   y, stats, r = _primal(x, scale, bias, mask, cfg, differentiated=True)
   mean, var, count = stats
   v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias)
-  xv, dxv, rv = v(x), v(dx), v(r)
+  # Products with per-group or per-feature tangents run in at least float32: reverse mode
+  # transposes their broadcasts into sums over x, which overflow float16 past 65,504 terms.
+  acc = _accumulation_dtype(x.dtype)
+  xv, dxv, rv = v(x).astype(acc), v(dx), v(r)
   meanv, inv_n = v(mean), 1.0 / jnp.maximum(v(count), 1)
   valid = None if mask is None else v(broadcast_mask(mask, x.shape))
 
@@ -218,16 +226,14 @@ def _affine_normalize_jvp(cfg, primals, tangents):
       cov = total((xv - meanv) * dxv) * inv_n
     else:
       cov = (total(xv * dxv) - meanv * s1) * inv_n
-  # Sums are in at least float32 (see group_moments); the per-group factors go back to x's
-  # dtype so that the full-size products stay in it (a no-op for float32 inputs).
-  p = _barrier(rv, (c * rv * rv * cov).astype(xv.dtype))
+  p = _barrier(rv, c * rv * rv * cov)
   # Products are ordered so that no full-size product is shared between two reductions of
   # the transposed derivative (x·(γp) and (x·r)·γ̇ transpose to Σ(ẏ·x)·γ and Σẏ·(x·r)).
   dyv = xv * (gammav * p)
   if cfg.center:
-    dyv = dyv + gammav * _barrier(rv, (-(rv * dmean + meanv * p)).astype(xv.dtype))
+    dyv = dyv + gammav * _barrier(rv, -(rv * dmean + meanv * p))
   if dscale is not None:
-    dscalev = v(dscale)
+    dscalev = v(dscale).astype(acc)
     if jnp.size(rv * dscalev) < xv.size:  # r·γ̇ is per feature (BatchNorm, CNN layouts)
       rs = rv * dscalev  # Σẏ·x then shares the reduction of the statistics' derivative
       dyv = dyv + (xv * rs - meanv * rs if cfg.center else xv * rs)
@@ -235,7 +241,7 @@ def _affine_normalize_jvp(cfg, primals, tangents):
       dyv = dyv + ((xv - meanv) * rv if cfg.center else xv * rv) * dscalev
   dy = dx * (gamma * r) + dyv.reshape(x.shape)
   if dbias is not None:
-    dy = dy + dbias
+    dy = dy + dbias.astype(acc)
   kept = mean.shape
   dstats = Moments(
     dmean.reshape(kept).astype(mean.dtype),
@@ -350,5 +356,8 @@ def _shift_scale_jvp(primals, tangents):
   y = _shift_scale(x, mean, s, bias)
   axes = tuple(i for i in range(x.ndim) if s.shape[i] == 1)
   v = _view(x.shape, axes, None, s)
-  dy = (dx - dmean) * s + ((v(x) - v(mean)) * v(ds)).reshape(x.shape)
-  return y, dy if bias is None else dy + dbias
+  acc = _accumulation_dtype(x.dtype)  # (half precision: see _affine_normalize_jvp)
+  dy = (dx - dmean.astype(acc)) * s + ((v(x) - v(mean)) * v(ds).astype(acc)).reshape(x.shape)
+  if bias is not None:
+    dy = dy + dbias.astype(acc)
+  return y, dy.astype(y.dtype)

@@ -40,6 +40,7 @@ def stats(x, axes, center=True, mask=None):
   w = np.ones_like(x) if mask is None else np.broadcast_to(mask, x.shape).astype(np.float64)
   n = w.sum(axes, keepdims=True)
   safe_n = np.where(n > 0, n, 1.0)
+  x = np.where(w > 0, x, 0)  # masked-out values (even NaN) never enter
   mean = (w * x).sum(axes, keepdims=True) / safe_n if center else np.zeros_like(n)
   var = (w * np.abs(x - mean) ** 2).sum(axes, keepdims=True) / safe_n
   return mean, var, n
