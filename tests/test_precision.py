@@ -46,7 +46,7 @@ def test_float16_batch_norm_running_statistics(rng):
     if use_ra:
       variables = {**variables, "batch_stats": {"mean": mean, "var": var}}
 
-    def loss(params, use_ra=use_ra):
+    def loss(params, use_ra=use_ra, variables=variables):
       y, _ = bn.apply(
         {**variables, "params": params}, x, use_running_average=use_ra, mutable=["batch_stats"]
       )
