@@ -61,6 +61,60 @@ def test_init_does_not_update_and_accepts_a_batch_of_one(rng):
   np.testing.assert_allclose(y, ref.batch_norm(x)[0], atol=2e-5)  # batch statistics at init
 
 
+@pytest.mark.parametrize("shape", [(3,), (1, 3), (1, 2, 2, 3)])
+def test_init_with_one_value_per_feature_returns_the_bias(shape):
+  """At init, one value per feature is normalized with its own batch statistics (mean x,
+  variance 0), which gives β, what Flax gives; the running statistics are not touched."""
+  x = jnp.broadcast_to(jnp.arange(3.0), shape)
+  bias_init = lambda key, shape, dtype: jnp.array([0.5, -1.0, 2.0], dtype)  # noqa: E731
+  bn = jaxnorm.BatchNorm(bias_init=bias_init)
+  y, variables = bn.init_with_output(jax.random.key(0), x, use_running_average=False)
+  np.testing.assert_array_equal(y, jnp.broadcast_to(jnp.array([0.5, -1.0, 2.0]), shape))
+  np.testing.assert_array_equal(variables["batch_stats"]["mean"], 0.0)
+  np.testing.assert_array_equal(variables["batch_stats"]["var"], 1.0)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_a_nan_batch_does_not_poison_the_running_statistics(jit, rng):
+  """A feature whose batch statistics are not finite keeps its running values (the output
+  of that step still shows the NaN); the others take the batch as usual."""
+  bn = jaxnorm.BatchNorm(use_running_average=False, momentum=0.9)
+  batches = [rng.normal(1.0, 2.0, (16, 4)).astype(np.float32) for _ in range(51)]
+  poisoned = batches[0].copy()
+  poisoned[3, 2] = np.nan  # one NaN in channel 2
+  all_nan = np.full_like(batches[0], np.nan)
+
+  def step(variables, x):
+    y, upd = bn.apply(variables, x, mutable=["batch_stats"])
+    return y, {**variables, **upd}
+
+  step = jax.jit(step) if jit else step
+  init = bn.init(jax.random.key(0), batches[0])
+
+  def run(first):
+    variables = init
+    for i, x in enumerate(([first] if first is not None else []) + batches[1:]):
+      y, variables = step(variables, x)
+      if i == 0 and first is not None and np.isnan(first).any():
+        assert np.isnan(np.asarray(y)[:, 2]).any()  # divergence stays visible
+    return {k: np.asarray(v) for k, v in variables["batch_stats"].items()}
+
+  clean, with_batch = run(None), run(batches[0])
+  for first in (all_nan, poisoned):
+    stats = run(first)
+    skipped = [0, 1, 2, 3] if first is all_nan else [2]
+    kept = [c for c in range(4) if c not in skipped]
+    for name in ("mean", "var"):
+      assert np.all(np.isfinite(stats[name]))
+      np.testing.assert_array_equal(stats[name][skipped], clean[name][skipped])
+      np.testing.assert_array_equal(stats[name][kept], with_batch[name][kept])
+  # The reference: the clean run is the momentum recursion over the 50 clean batches.
+  mean = np.zeros(4)
+  for x in batches[1:]:
+    mean = ref.running_average(mean, x.mean(0), 0.9)
+  np.testing.assert_allclose(clean["mean"], mean, rtol=1e-5, atol=1e-6)
+
+
 def test_fully_masked_batch_leaves_running_statistics_untouched(rng):
   bn = jaxnorm.BatchNorm(use_running_average=False, momentum=0.5)
   x = rng.normal(size=(8, 4)).astype(np.float32)

@@ -1,7 +1,6 @@
 """Numerics: the design brief's worked example, cross-norm identities, ill-conditioned and
-constant inputs, masks (partial and full) — with Flax as the foil where it goes wrong."""
+constant inputs, masks (partial and full), each against the float64 reference."""
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,38 +62,21 @@ def test_group_norm_identities(channel_axis, rng):
 @pytest.mark.parametrize("norm", ["batch", "layer", "instance", "group"])
 def test_large_offset_stays_accurate(norm, offset, tol, rng):
   """float32 data with mean ≫ std: the reference sees the same rounded data. At 1e6 the
-  mean itself can only be stored to 1/16, which bounds what float32 can do there."""
+  mean itself can only be stored to 1/16, which bounds what float32 can do there. (Flax's
+  default E[x²] − E[x]² is off by thousands at 1e4: see the README's differences table.)"""
   x = (rng.normal(0.0, 1.0, (8, 6, 6, 16)) + offset).astype(np.float32)
   fns = {
-    "batch": (
-      lambda x: jaxnorm.batch_norm(x)[0],
-      lambda x: ref.batch_norm(x)[0],
-      nn.BatchNorm(use_running_average=False),
-    ),
+    "batch": (lambda x: jaxnorm.batch_norm(x)[0], lambda x: ref.batch_norm(x)[0]),
     "layer": (
       lambda x: jaxnorm.layer_norm(x, reduction_axes=(1, 2, 3)),
       lambda x: ref.layer_norm(x, reduction_axes=(1, 2, 3)),
-      nn.LayerNorm(reduction_axes=(1, 2, 3)),
     ),
-    "instance": (jaxnorm.instance_norm, ref.instance_norm, nn.InstanceNorm()),
-    "group": (
-      lambda x: jaxnorm.group_norm(x, num_groups=4),
-      lambda x: ref.group_norm(x, 4),
-      nn.GroupNorm(num_groups=4),
-    ),
+    "instance": (jaxnorm.instance_norm, ref.instance_norm),
+    "group": (lambda x: jaxnorm.group_norm(x, num_groups=4), lambda x: ref.group_norm(x, 4)),
   }
-  ours, theirs, flax_module = fns[norm]
-  expected = theirs(x)
-  err = np.abs(np.asarray(ours(x), np.float64) - expected).max()
+  ours, theirs = fns[norm]
+  err = np.abs(np.asarray(ours(x), np.float64) - theirs(x)).max()
   assert err < tol, err
-  # Flax's default E[x²] − E[x]² is far off on the same data (the reason for this test).
-  variables = flax_module.init(jax.random.key(0), x)
-  flax_y = (
-    flax_module.apply(variables, x, mutable=["batch_stats"])[0]
-    if norm == "batch"
-    else flax_module.apply(variables, x)
-  )
-  assert np.abs(np.asarray(flax_y, np.float64) - expected).max() > 100 * max(err, 1e-3)
 
 
 def test_offset_under_jit_and_with_mask(rng):
@@ -135,12 +117,8 @@ def test_partial_mask_matches_reference(jit, rng):
   fn = jax.jit(fn) if jit else fn
   y = fn(x, mask)
   expected = ref.layer_norm(x, reduction_axes=(1, 2), feature_axes=2, mask=mask)
-  np.testing.assert_allclose(np.asarray(y), expected, atol=2e-5)
   # Masked positions are normalized too, with the statistics of the valid ones (as Flax).
-  flax_y = nn.LayerNorm(reduction_axes=(1, 2)).apply(
-    {"params": {"scale": jnp.ones(8), "bias": jnp.zeros(8)}}, x, mask=mask
-  )
-  np.testing.assert_allclose(np.asarray(y), np.asarray(flax_y), atol=1e-4)
+  np.testing.assert_allclose(np.asarray(y), expected, atol=2e-5)
 
 
 @pytest.mark.parametrize("norm", ["normalize", "layer", "rms", "group", "instance", "batch"])
