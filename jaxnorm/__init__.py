@@ -2,13 +2,14 @@
 
 The pure functions (:func:`normalize`, :func:`batch_norm`, :func:`layer_norm`,
 :func:`instance_norm`, :func:`group_norm`, :func:`rms_norm`, :func:`moments`,
-:func:`update_running_average`) hold all the maths; the Flax linen modules
+:func:`update_running_average`, :func:`batch_norm_step`) hold all the maths; the Flax linen modules
 (:class:`BatchNorm`, :class:`LayerNorm`, :class:`RMSNorm`, :class:`GroupNorm`,
 :class:`InstanceNorm`) are drop-in replacements for ``flax.linen``'s and thin layers over them.
 """
 
 from jaxnorm._axes import canonicalize_axes
 from jaxnorm._stats import Moments, moments, reduction_dtype, update_running_average
+from jaxnorm.batch import batch_norm_step, running_stats_dtypes
 from jaxnorm.functional import (
   affine,
   batch_norm,
@@ -31,6 +32,7 @@ __all__ = [
   "RMSNorm",
   "affine",
   "batch_norm",
+  "batch_norm_step",
   "canonicalize_axes",
   "group_norm",
   "instance_norm",
@@ -39,5 +41,6 @@ __all__ = [
   "normalize",
   "reduction_dtype",
   "rms_norm",
+  "running_stats_dtypes",
   "update_running_average",
 ]
