@@ -76,3 +76,13 @@ def test_empty_batch_leaves_running_statistics_untouched(jit, rng):
   y, v0 = bn0.init_with_output(jax.random.key(0), jnp.zeros((3, 0)), use_running_average=False)
   assert y.shape == (3, 0) and v0["batch_stats"]["mean"].shape == (0,)
   assert bn0.apply(v0, jnp.zeros((3, 0)), use_running_average=True).shape == (3, 0)
+
+
+def test_the_reported_reproductions():
+  """The four calls of the report, which raised obscure errors."""
+  assert jaxnorm.layer_norm(jnp.zeros((0, 4))).shape == (0, 4)
+  bn = jaxnorm.BatchNorm(use_running_average=False)
+  assert bn.init_with_output(jax.random.key(0), jnp.zeros((3, 0)))[0].shape == (3, 0)
+  gn = jaxnorm.GroupNorm(num_groups=2)
+  assert gn.init_with_output(jax.random.key(0), jnp.zeros((0, 2, 2, 4)))[0].shape == (0, 2, 2, 4)
+  assert jaxnorm.moments(jnp.zeros((3, 0)), -1).mean.shape == (3,)

@@ -16,98 +16,39 @@ import jaxnorm
 _leaves = jax.tree_util.tree_leaves
 NAMES = ["BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm"]
 NORMAL = nn.initializers.normal(0.5)
-# Per class: the base arguments, then one non-default value for every Flax field (a field
-# missing here fails test_every_flax_field_is_covered, so a new Flax field is not missed).
+# One non-default value for every Flax field (a field missing here fails
+# test_every_flax_field_is_covered, so a new Flax field is not missed): the fields every
+# norm has, then per class its base arguments and its own fields.
+COMMON = dict(
+  epsilon=1e-2,
+  dtype=jnp.bfloat16,
+  param_dtype=jnp.bfloat16,
+  use_scale=False,
+  scale_init=NORMAL,
+  axis_name="i",
+  axis_index_groups=None,  # under pmap: tests/test_distributed.py
+  use_fast_variance=False,
+  force_float32_reductions=False,
+)
+BIAS = dict(use_bias=False, bias_init=NORMAL)
 FIELDS = {
   "BatchNorm": (
     dict(use_running_average=False),
-    dict(
-      use_running_average=True,
-      axis=1,
-      momentum=0.5,
-      epsilon=1e-2,
-      dtype=jnp.bfloat16,
-      param_dtype=jnp.bfloat16,
-      use_bias=False,
-      use_scale=False,
-      bias_init=NORMAL,
-      scale_init=NORMAL,
-      axis_name="i",
-      axis_index_groups=None,  # under pmap: tests/test_distributed.py
-      use_fast_variance=False,
-      force_float32_reductions=False,
-    ),
+    dict(COMMON, **BIAS, use_running_average=True, axis=1, momentum=0.5),
   ),
-  "LayerNorm": (
-    {},
-    dict(
-      epsilon=1e-2,
-      dtype=jnp.bfloat16,
-      param_dtype=jnp.bfloat16,
-      use_bias=False,
-      use_scale=False,
-      bias_init=NORMAL,
-      scale_init=NORMAL,
-      reduction_axes=(1, 2),
-      feature_axes=(1, 2),
-      axis_name="i",
-      axis_index_groups=None,
-      use_fast_variance=False,
-      force_float32_reductions=False,
-    ),
-  ),
-  "RMSNorm": (
-    {},
-    dict(
-      epsilon=1e-2,
-      dtype=jnp.bfloat16,
-      param_dtype=jnp.bfloat16,
-      use_scale=False,
-      scale_init=NORMAL,
-      reduction_axes=(1, 2),
-      feature_axes=(1, 2),
-      axis_name="i",
-      axis_index_groups=None,
-      use_fast_variance=False,
-      force_float32_reductions=False,
-    ),
-  ),
+  "LayerNorm": ({}, dict(COMMON, **BIAS, reduction_axes=(1, 2), feature_axes=(1, 2))),
+  "RMSNorm": ({}, dict(COMMON, reduction_axes=(1, 2), feature_axes=(1, 2))),
   "GroupNorm": (
     dict(num_groups=2),
     dict(
+      COMMON,
+      **BIAS,
       num_groups=4,
       group_size=dict(num_groups=None, group_size=1),
-      epsilon=1e-2,
-      dtype=jnp.bfloat16,
-      param_dtype=jnp.bfloat16,
-      use_bias=False,
-      use_scale=False,
-      bias_init=NORMAL,
-      scale_init=NORMAL,
       reduction_axes=-1,
-      axis_name="i",
-      axis_index_groups=None,
-      use_fast_variance=False,
-      force_float32_reductions=False,
     ),
   ),
-  "InstanceNorm": (
-    {},
-    dict(
-      epsilon=1e-2,
-      dtype=jnp.bfloat16,
-      param_dtype=jnp.bfloat16,
-      use_bias=False,
-      use_scale=False,
-      bias_init=NORMAL,
-      scale_init=NORMAL,
-      feature_axes=1,
-      axis_name="i",
-      axis_index_groups=None,
-      use_fast_variance=False,
-      force_float32_reductions=False,
-    ),
-  ),
+  "InstanceNorm": ({}, dict(COMMON, **BIAS, feature_axes=1)),
 }
 CASES = [
   (name, field, value)
