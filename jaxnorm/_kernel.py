@@ -268,7 +268,8 @@ def affine_normalize(
   """Normalizes ``x`` (already in its reduction dtype) over ``axes`` and applies ``γ, β``.
 
   Args:
-    x: the input, in the dtype the statistics are computed in.
+    x: the input, in the dtype the statistics are computed in. Complex inputs (or
+      parameters) take the exact two-pass statistics and JAX's own derivative.
     axes: sorted non-negative axes to reduce over.
     scale: optional ``γ``, broadcastable to ``x`` (size 1 on the non-feature axes).
     bias: optional ``β``, broadcastable to ``x``.

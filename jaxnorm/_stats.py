@@ -306,8 +306,10 @@ def moments(
   """Computes the mean and variance (or mean square) of ``x`` over ``axes``.
 
   The variance comes from sums shifted by an element of each group (the exact two-pass
-  formula with a mask, across devices or over a sharded axis), so it keeps full precision
-  when the mean is large compared with the spread, unlike ``E[x**2] - E[x]**2``.
+  formula with a mask, across devices, over a sharded axis, and for complex or empty
+  inputs), so it keeps full precision when the mean is large compared with the spread,
+  unlike ``E[x**2] - E[x]**2``. For complex ``x`` the mean is complex and the variance is
+  the real ``E|x − μ|²``; a size-0 reduced axis gives mean 0, variance 0 and count 0.
 
   Args:
     x: the input array, of any rank.
