@@ -71,7 +71,7 @@ def check_epsilon(epsilon: Any) -> float:
     ) from None
   if not eps >= 0:  # negative or NaN
     raise ValueError(
-      f"epsilon must be >= 0 (it keeps 1/sqrt(var + epsilon) finite for constant groups), "
+      f"epsilon must be >= 0 (a negative or NaN one makes 1/sqrt(var + epsilon) NaN), "
       f"got {epsilon!r}; use e.g. 1e-5 (BatchNorm) or 1e-6 (LayerNorm)."
     )
   return eps
