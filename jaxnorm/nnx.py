@@ -1,0 +1,510 @@
+"""Flax NNX modules: drop-in replacements for ``flax.nnx``'s norms, thin over the same core.
+
+Each class subclasses its ``flax.nnx`` namesake and takes Flax's constructor parameters in
+Flax's order with Flax's defaults (``num_features`` first, ``rngs`` required,
+``promote_dtype``, ``bias_metadata``, ``scale_metadata``), then jaxnorm's own, keyword-only.
+The state is Flax's (``nnx.Param`` ``scale``/``bias``, ``None`` when disabled;
+``nnx.BatchStat`` ``mean``/``var``), so ``nnx.state``/``nnx.update``/``nnx.split``/
+``nnx.merge`` and checkpoints of a ``flax.nnx`` model load unchanged. A module only creates
+its variables and calls the pure functions that the Linen modules call
+(:mod:`jaxnorm.functional`, :func:`jaxnorm.batch_norm_step`); the meaning of every
+attribute is documented once, on the Linen class of the same name (:mod:`jaxnorm.linen`).
+
+    >>> from flax import nnx
+    >>> from jaxnorm import nnx as jnnx
+    >>> bn = jnnx.BatchNorm(3, momentum=0.9, rngs=nnx.Rngs(0))
+    >>> y = bn(jnp.arange(12.).reshape(4, 3))           # training: batch statistics
+    >>> bn.mean[...].tolist()
+    [0.45000001788139343, 0.550000011920929, 0.6500000357627869]
+    >>> bn.eval()                                       # inference: running averages
+    >>> bn(jnp.zeros((1, 3))).shape
+    (1, 3)
+
+Differences from ``flax.nnx`` (beyond those of the Linen modules, see the README):
+``GroupNorm`` repeats its group statistics along the channel axis (``flax.nnx.GroupNorm``
+repeats them along axis 1, which is wrong when ``reduction_axes`` keeps more than one axis);
+``BatchNorm`` can keep statistics of another shape than ``(num_features,)``
+(``reduction_axes`` with ``stats_shape``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import flax.nnx as nnx
+import jax
+import jax.numpy as jnp
+from flax.nnx.nn import dtypes
+from jax.nn import initializers
+
+from jaxnorm import functional as F
+from jaxnorm._axes import Axes, canonicalize_axes, kept_shape
+from jaxnorm.batch import batch_norm_step, running_stats_dtypes
+
+Initializer = Any
+Dtype = Any
+_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
+
+
+def _affine_params(module, num_features, use_scale, use_bias, scale_init, bias_init, *,
+                   param_dtype, rngs, scale_metadata, bias_metadata, empty):  # fmt: skip
+  """Creates ``scale`` then ``bias`` of shape ``(num_features,)`` as Flax does (same order,
+  same RNG stream, ``empty`` when disabled), so random initializers give Flax's values."""
+  shape = (num_features,)
+  scale = bias = empty  # each attribute is assigned once: a first None would make it static
+  if use_scale:
+    scale = nnx.Param(scale_init(rngs.params(), shape, param_dtype), **scale_metadata)
+  if use_bias:
+    bias = nnx.Param(bias_init(rngs.params(), shape, param_dtype), **bias_metadata)
+  module.scale, module.bias = scale, bias
+
+
+def _read(variable):
+  return None if variable is None else variable[...]
+
+
+def _onto(value, shape):
+  """A ``(num_features,)`` parameter or statistic of ``flax.nnx`` laid onto ``shape`` (the
+  sizes of several feature axes); left as is when the sizes differ, for the pure
+  function's shape error to name."""
+  if value is None or value.shape == tuple(shape) or value.size != math.prod(shape):
+    return value
+  return value.reshape(shape)
+
+
+def _feature_shape(x, feature_axes):
+  feat = canonicalize_axes(feature_axes, jnp.ndim(x), name="feature_axes")
+  return tuple(jnp.shape(x)[a] for a in feat)
+
+
+def _use_running_average(argument, attribute):
+  """The call argument if given, else the attribute (``flax.nnx``'s rule)."""
+  value = attribute if argument is None else argument
+  if value is None:
+    raise ValueError(
+      "BatchNorm needs use_running_average: pass it to the constructor "
+      "(jnnx.BatchNorm(..., use_running_average=False)), to the call "
+      "(bn(x, use_running_average=True)), or set it with model.train() / model.eval() or "
+      "nnx.view(model, use_running_average=...)."
+    )
+  return bool(value)
+
+
+class BatchNorm(nnx.BatchNorm):
+  """Batch normalization, drop-in for ``flax.nnx.BatchNorm``; the attributes mean what
+  they mean on :class:`jaxnorm.linen.BatchNorm`.
+
+  Args:
+    num_features: the number of features (the size of ``axis``).
+    use_running_average: default mode (False: train on batch statistics); the call
+      argument overrides it; ``.train()``, ``.eval()`` and ``nnx.view`` set it.
+    axis, momentum, epsilon, dtype, param_dtype, use_bias, use_scale, bias_init,
+    scale_init, axis_name, axis_index_groups, use_fast_variance: as in
+      :class:`jaxnorm.linen.BatchNorm` (``use_fast_variance`` is accepted; the variance is
+      always the accurate one).
+    promote_dtype: ``flax.nnx``'s function that casts ``(x, mean, var, scale, bias)`` to
+      one dtype before the normalization.
+    rngs: the random number streams (``params`` initializes ``scale`` and ``bias``).
+    bias_metadata, scale_metadata: metadata of the ``bias``/``scale`` ``nnx.Param``.
+    reduction_axes: (jaxnorm) the axes of the statistics (default: all but ``axis``).
+    stats_shape: (jaxnorm) the shape of the running statistics when ``reduction_axes``
+      keeps more than the feature axis, e.g. ``(T, D)`` for per-time-step statistics of a
+      ``(B, T, D)`` input with ``reduction_axes=0`` (default ``(num_features,)``).
+
+  The running statistics are ``nnx.BatchStat`` in float32 (float64 for a float64
+  ``param_dtype`` under ``jax_enable_x64``); a step whose batch has no valid element or
+  non-finite statistics leaves a feature's running values as they were.
+  """
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    use_running_average: bool | None = False,
+    axis: int = -1,
+    momentum: float = 0.99,
+    epsilon: float = 1e-5,
+    dtype: Dtype | None = None,
+    param_dtype: Dtype = jnp.float32,
+    use_bias: bool = True,
+    use_scale: bool = True,
+    bias_init: Initializer = initializers.zeros,
+    scale_init: Initializer = initializers.ones,
+    axis_name: str | None = None,
+    axis_index_groups: Any = None,
+    use_fast_variance: bool = True,
+    promote_dtype: Any = dtypes.promote_dtype,
+    rngs: nnx.Rngs,
+    bias_metadata: Mapping[str, Any] = _NO_METADATA,
+    scale_metadata: Mapping[str, Any] = _NO_METADATA,
+    reduction_axes: Axes | None = None,
+    stats_shape: tuple[int, ...] | None = None,
+  ):
+    shape = (num_features,) if stats_shape is None else tuple(stats_shape)
+    mean_dtype, var_dtype = running_stats_dtypes(param_dtype, jnp.float32, dtype)
+    self.mean = nnx.BatchStat(jnp.zeros(shape, mean_dtype))
+    self.var = nnx.BatchStat(jnp.ones(shape, var_dtype))
+    _affine_params(self, num_features, use_scale, use_bias, scale_init, bias_init,
+                   param_dtype=param_dtype, rngs=rngs, scale_metadata=scale_metadata,
+                   bias_metadata=bias_metadata, empty=nnx.data(None))  # fmt: skip
+    self.num_features = num_features
+    self.use_running_average = use_running_average
+    self.axis = axis
+    self.momentum = momentum
+    self.epsilon = epsilon
+    self.dtype = dtype
+    self.param_dtype = param_dtype
+    self.use_bias = use_bias
+    self.use_scale = use_scale
+    self.axis_name = axis_name
+    self.axis_index_groups = axis_index_groups
+    self.use_fast_variance = use_fast_variance
+    self.promote_dtype = promote_dtype
+    self.reduction_axes = reduction_axes
+
+  def __call__(self, x, use_running_average: bool | None = None, *, mask: jax.Array | None = None):
+    """Normalizes ``x`` with the batch statistics (training, updating the running averages)
+    or with the running averages; ``use_running_average`` overrides the attribute."""
+    use_ra = _use_running_average(use_running_average, self.use_running_average)
+    stored = (self.mean[...], self.var[...])
+    x, mean, var, scale, bias = self.promote_dtype(
+      (x, *stored, _read(self.scale), _read(self.bias)), dtype=self.dtype
+    )
+    feat = canonicalize_axes(self.axis, jnp.ndim(x), name="axis")
+    red = F.batch_norm_axes(jnp.ndim(x), feat, self.reduction_axes)
+    shape = kept_shape(jnp.shape(x), red)
+    # Inference normalizes with the promoted statistics (as flax.nnx); training updates the
+    # stored ones, in their own dtype.
+    running = (mean, var) if use_ra else stored
+    y, updated = batch_norm_step(
+      x,
+      _onto(scale, _feature_shape(x, feat)),
+      _onto(bias, _feature_shape(x, feat)),
+      *(_onto(s, shape) for s in running),
+      use_running_average=use_ra,
+      momentum=self.momentum,
+      axis=feat,
+      reduction_axes=red,
+      epsilon=self.epsilon,
+      mask=mask,
+      axis_name=self.axis_name,
+      axis_index_groups=self.axis_index_groups,
+      dtype=self.dtype,
+    )
+    if updated is not None:
+      # The running averages are not trained: no gradient flows into them (as flax.nnx).
+      new = jax.lax.stop_gradient(updated)
+      self.mean[...], self.var[...] = (n.reshape(s.shape) for n, s in zip(new, stored, strict=True))
+    return y
+
+  def set_view(self, use_running_average: bool | None = None):
+    """Called by ``nnx.view(model, use_running_average=...)``: sets the default mode."""
+    if use_running_average is not None:
+      self.use_running_average = use_running_average
+
+
+class LayerNorm(nnx.LayerNorm):
+  """Layer normalization, drop-in for ``flax.nnx.LayerNorm``; the attributes mean what
+  they mean on :class:`jaxnorm.linen.LayerNorm`.
+
+  Args:
+    num_features: the size of the feature axes (``scale`` and ``bias`` have this shape).
+    epsilon, dtype, param_dtype, use_bias, use_scale, bias_init, scale_init,
+    reduction_axes, feature_axes, axis_name, axis_index_groups, use_fast_variance: as in
+      :class:`jaxnorm.linen.LayerNorm`.
+    promote_dtype: casts ``(x, scale, bias)`` to one dtype first (``flax.nnx``'s).
+    rngs, bias_metadata, scale_metadata: as in :class:`BatchNorm`.
+  """
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    epsilon: float = 1e-6,
+    dtype: Dtype | None = None,
+    param_dtype: Dtype = jnp.float32,
+    use_bias: bool = True,
+    use_scale: bool = True,
+    bias_init: Initializer = initializers.zeros,
+    scale_init: Initializer = initializers.ones,
+    reduction_axes: Axes = -1,
+    feature_axes: Axes = -1,
+    axis_name: str | None = None,
+    axis_index_groups: Any = None,
+    use_fast_variance: bool = True,
+    promote_dtype: Any = dtypes.promote_dtype,
+    rngs: nnx.Rngs,
+    bias_metadata: Mapping[str, Any] = _NO_METADATA,
+    scale_metadata: Mapping[str, Any] = _NO_METADATA,
+  ):
+    _affine_params(self, num_features, use_scale, use_bias, scale_init, bias_init,
+                   param_dtype=param_dtype, rngs=rngs, scale_metadata=scale_metadata,
+                   bias_metadata=bias_metadata, empty=nnx.data(None))  # fmt: skip
+    self.num_features = num_features
+    self.epsilon = epsilon
+    self.dtype = dtype
+    self.param_dtype = param_dtype
+    self.use_bias = use_bias
+    self.use_scale = use_scale
+    self.reduction_axes = reduction_axes
+    self.feature_axes = feature_axes
+    self.axis_name = axis_name
+    self.axis_index_groups = axis_index_groups
+    self.use_fast_variance = use_fast_variance
+    self.promote_dtype = promote_dtype
+
+  def __call__(self, x, *, mask: jax.Array | None = None):
+    """Applies layer normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
+    x, scale, bias = self.promote_dtype((x, _read(self.scale), _read(self.bias)), dtype=self.dtype)
+    return F.layer_norm(
+      x,
+      _onto(scale, _feature_shape(x, self.feature_axes)),
+      _onto(bias, _feature_shape(x, self.feature_axes)),
+      reduction_axes=self.reduction_axes,
+      feature_axes=self.feature_axes,
+      epsilon=self.epsilon,
+      mask=mask,
+      axis_name=self.axis_name,
+      axis_index_groups=self.axis_index_groups,
+      dtype=self.dtype,
+    )
+
+
+class RMSNorm(nnx.RMSNorm):
+  """RMS normalization, drop-in for ``flax.nnx.RMSNorm``; the attributes mean what they
+  mean on :class:`jaxnorm.linen.RMSNorm`.
+
+  Args:
+    num_features: the size of the feature axes.
+    epsilon, dtype, param_dtype, use_scale, scale_init, reduction_axes, feature_axes,
+    axis_name, axis_index_groups, use_fast_variance: as in :class:`jaxnorm.linen.RMSNorm`.
+    promote_dtype: casts ``(x, scale)`` (and ``bias``) to one dtype first.
+    rngs, scale_metadata: as in :class:`BatchNorm`.
+    use_bias, bias_init, bias_metadata: (jaxnorm) a learned bias ``β`` (default none).
+    epsilon_in_root: (jaxnorm) ``x / sqrt(ms + ε)`` if True (Flax's), else ``x / (rms + ε)``.
+    zero_centered_scale: (jaxnorm) multiply by ``1 + γ``; ``scale`` starts at
+      ``scale_init(...) − 1`` (zeros).
+  """
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    epsilon: float = 1e-6,
+    dtype: Dtype | None = None,
+    param_dtype: Dtype = jnp.float32,
+    use_scale: bool = True,
+    scale_init: Initializer = initializers.ones,
+    reduction_axes: Axes = -1,
+    feature_axes: Axes = -1,
+    axis_name: str | None = None,
+    axis_index_groups: Any = None,
+    use_fast_variance: bool = True,
+    promote_dtype: Any = dtypes.promote_dtype,
+    rngs: nnx.Rngs,
+    scale_metadata: Mapping[str, Any] = _NO_METADATA,
+    use_bias: bool = False,
+    bias_init: Initializer = initializers.zeros,
+    bias_metadata: Mapping[str, Any] = _NO_METADATA,
+    epsilon_in_root: bool = True,
+    zero_centered_scale: bool = False,
+  ):
+    if zero_centered_scale:
+
+      def scale_init(key, shape, dtype, init=scale_init):
+        return init(key, shape, dtype) - 1
+
+    _affine_params(self, num_features, use_scale, use_bias, scale_init, bias_init,
+                   param_dtype=param_dtype, rngs=rngs, scale_metadata=scale_metadata,
+                   bias_metadata=bias_metadata, empty=nnx.data(None))  # fmt: skip
+    self.num_features = num_features
+    self.epsilon = epsilon
+    self.dtype = dtype
+    self.param_dtype = param_dtype
+    self.use_scale = use_scale
+    self.reduction_axes = reduction_axes
+    self.feature_axes = feature_axes
+    self.axis_name = axis_name
+    self.axis_index_groups = axis_index_groups
+    self.use_fast_variance = use_fast_variance
+    self.promote_dtype = promote_dtype
+    self.use_bias = use_bias
+    self.epsilon_in_root = epsilon_in_root
+    self.zero_centered_scale = zero_centered_scale
+
+  def __call__(self, x, mask: jax.Array | None = None):
+    """Applies RMS normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
+    bias = None
+    if self.bias is None:  # flax.nnx's own promote_dtype call
+      x, scale = self.promote_dtype((x, _read(self.scale)), dtype=self.dtype)
+    else:
+      x, scale, bias = self.promote_dtype(
+        (x, _read(self.scale), _read(self.bias)), dtype=self.dtype
+      )
+    return F.rms_norm(
+      x,
+      _onto(scale, _feature_shape(x, self.feature_axes)),
+      _onto(bias, _feature_shape(x, self.feature_axes)),
+      reduction_axes=self.reduction_axes,
+      feature_axes=self.feature_axes,
+      epsilon=self.epsilon,
+      epsilon_in_root=self.epsilon_in_root,
+      zero_centered_scale=self.zero_centered_scale,
+      mask=mask,
+      axis_name=self.axis_name,
+      axis_index_groups=self.axis_index_groups,
+      dtype=self.dtype,
+    )
+
+
+class GroupNorm(nnx.GroupNorm):
+  """Group normalization, drop-in for ``flax.nnx.GroupNorm``; the attributes mean what they
+  mean on :class:`jaxnorm.linen.GroupNorm`. Unlike ``flax.nnx.GroupNorm``, the group
+  statistics are repeated along the channel axis, so ``reduction_axes`` that keep several
+  axes (e.g. ``-1`` on ``(B, T, C)``: statistics per (b, t, group)) are right.
+
+  Args:
+    num_features: the number of channels.
+    num_groups: the number of groups (default 32); None when ``group_size`` is given.
+    group_size: channels per group, instead of ``num_groups``.
+    epsilon, dtype, param_dtype, use_bias, use_scale, bias_init, scale_init,
+    reduction_axes, axis_name, axis_index_groups, use_fast_variance: as in
+      :class:`jaxnorm.linen.GroupNorm`.
+    promote_dtype: casts ``(x, scale, bias)`` to one dtype first.
+    rngs, bias_metadata, scale_metadata: as in :class:`BatchNorm`.
+    feature_axis: (jaxnorm) the channel axis (default -1; 1 for NCHW).
+  """
+
+  def __init__(
+    self,
+    num_features: int,
+    num_groups: int | None = 32,
+    group_size: int | None = None,
+    *,
+    epsilon: float = 1e-6,
+    dtype: Dtype | None = None,
+    param_dtype: Dtype = jnp.float32,
+    use_bias: bool = True,
+    use_scale: bool = True,
+    bias_init: Initializer = initializers.zeros,
+    scale_init: Initializer = initializers.ones,
+    reduction_axes: Axes | None = None,
+    axis_name: str | None = None,
+    axis_index_groups: Any = None,
+    use_fast_variance: bool = True,
+    promote_dtype: Any = dtypes.promote_dtype,
+    rngs: nnx.Rngs,
+    bias_metadata: Mapping[str, Any] = _NO_METADATA,
+    scale_metadata: Mapping[str, Any] = _NO_METADATA,
+    feature_axis: int = -1,
+  ):
+    self.num_groups = F.resolve_groups(num_features, num_groups, group_size)
+    self.group_size = num_features // self.num_groups
+    _affine_params(self, num_features, use_scale, use_bias, scale_init, bias_init,
+                   param_dtype=param_dtype, rngs=rngs, scale_metadata=scale_metadata,
+                   bias_metadata=bias_metadata, empty=nnx.data(None))  # fmt: skip
+    self.feature_axis = feature_axis
+    self.epsilon = epsilon
+    self.dtype = dtype
+    self.param_dtype = param_dtype
+    self.use_bias = use_bias
+    self.use_scale = use_scale
+    self.reduction_axes = reduction_axes
+    self.axis_name = axis_name
+    self.axis_index_groups = axis_index_groups
+    self.use_fast_variance = use_fast_variance
+    self.promote_dtype = promote_dtype
+
+  def __call__(self, x, *, mask: jax.Array | None = None):
+    """Applies group normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
+    x, scale, bias = self.promote_dtype((x, _read(self.scale), _read(self.bias)), dtype=self.dtype)
+    return F.group_norm(
+      x,
+      scale,
+      bias,
+      num_groups=self.num_groups,
+      feature_axis=self.feature_axis,
+      reduction_axes=self.reduction_axes,
+      epsilon=self.epsilon,
+      mask=mask,
+      axis_name=self.axis_name,
+      axis_index_groups=self.axis_index_groups,
+      dtype=self.dtype,
+    )
+
+
+class InstanceNorm(nnx.InstanceNorm):
+  """Instance normalization, drop-in for ``flax.nnx.InstanceNorm``; the attributes mean
+  what they mean on :class:`jaxnorm.linen.InstanceNorm` (``feature_axes=1`` for NCHW).
+
+  Args:
+    num_features: the number of channels.
+    epsilon, dtype, param_dtype, use_bias, use_scale, bias_init, scale_init, feature_axes,
+    axis_name, axis_index_groups, use_fast_variance: as in
+      :class:`jaxnorm.linen.InstanceNorm`.
+    promote_dtype: casts ``(x, scale, bias)`` to one dtype first.
+    rngs, bias_metadata, scale_metadata: as in :class:`BatchNorm`.
+  """
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    epsilon: float = 1e-6,
+    dtype: Dtype | None = None,
+    param_dtype: Dtype = jnp.float32,
+    use_bias: bool = True,
+    use_scale: bool = True,
+    bias_init: Initializer = initializers.zeros,
+    scale_init: Initializer = initializers.ones,
+    feature_axes: Axes = -1,
+    axis_name: str | None = None,
+    axis_index_groups: Any = None,
+    use_fast_variance: bool = True,
+    promote_dtype: Any = dtypes.promote_dtype,
+    rngs: nnx.Rngs,
+    bias_metadata: Mapping[str, Any] = _NO_METADATA,
+    scale_metadata: Mapping[str, Any] = _NO_METADATA,
+  ):
+    _affine_params(
+      self,
+      num_features,
+      use_scale,
+      use_bias,
+      scale_init,
+      bias_init,
+      param_dtype=param_dtype,
+      rngs=rngs,
+      scale_metadata=scale_metadata,
+      bias_metadata=bias_metadata,
+      empty=None,
+    )  # fmt: skip (None, as flax.nnx)
+    self.num_features = num_features
+    self.epsilon = epsilon
+    self.dtype = dtype
+    self.param_dtype = param_dtype
+    self.use_bias = use_bias
+    self.use_scale = use_scale
+    self.feature_axes = feature_axes
+    self.axis_name = axis_name
+    self.axis_index_groups = axis_index_groups
+    self.use_fast_variance = use_fast_variance
+    self.promote_dtype = promote_dtype
+
+  def __call__(self, x, *, mask: jax.Array | None = None):
+    """Applies instance normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
+    x, scale, bias = self.promote_dtype((x, _read(self.scale), _read(self.bias)), dtype=self.dtype)
+    return F.instance_norm(
+      x,
+      _onto(scale, _feature_shape(x, self.feature_axes)),
+      _onto(bias, _feature_shape(x, self.feature_axes)),
+      feature_axes=self.feature_axes,
+      epsilon=self.epsilon,
+      mask=mask,
+      axis_name=self.axis_name,
+      axis_index_groups=self.axis_index_groups,
+      dtype=self.dtype,
+    )
