@@ -176,6 +176,14 @@ class BatchNorm(nnx.BatchNorm):
     feat = canonicalize_axes(self.axis, jnp.ndim(x), name="axis")
     red = F.batch_norm_axes(jnp.ndim(x), feat, self.reduction_axes)
     shape = kept_shape(jnp.shape(x), red)
+    if math.prod(shape) != stored[0].size:
+      raise ValueError(
+        f"BatchNorm({self.num_features}) keeps running statistics of shape "
+        f"{stored[0].shape}, but an input of shape {jnp.shape(x)} reduced over axes {red} "
+        f"has statistics of shape {shape}; construct it with num_features equal to the "
+        f"size of axis={self.axis}, or with stats_shape={shape} when reduction_axes keeps "
+        f"more than the feature axis."
+      )
     # Inference normalizes with the promoted statistics (as flax.nnx); training updates the
     # stored ones, in their own dtype.
     running = (mean, var) if use_ra else stored
