@@ -225,8 +225,10 @@ def test_clear_errors_in_nnx():
   with pytest.raises(ValueError, match=r"exactly one of num_groups and group_size"):
     jnnx.GroupNorm(8, 4, 2, rngs=nnx.Rngs(0))
   bn = jnnx.BatchNorm(4, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match=r"scale has shape \(4,\).*features of shape \(5,\)"):
+  with pytest.raises(ValueError, match=r"running statistics of shape \(4,\).*num_features"):
     bn(jnp.ones((3, 5)))
+  with pytest.raises(ValueError, match=r"scale has shape \(4,\).*features of shape \(5,\)"):
+    jnnx.LayerNorm(4, rngs=nnx.Rngs(0))(jnp.ones((3, 5)))
   with pytest.raises(ValueError, match=r"more than one value per statistic"):
     bn(jnp.ones((1, 4)))
   with pytest.raises(ValueError, match=r"statistics of shape \(5, 4\); construct.*stats_shape"):
