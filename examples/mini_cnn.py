@@ -3,9 +3,12 @@
 1797 real 8×8 images that install with scikit-learn (no download), a fixed stratified
 75/25 split, three convolution blocks (conv → norm → ReLU), Adam, one jit-compiled train
 step. BatchNorm trains on batch statistics (``mutable=['batch_stats']``) and evaluates with
-its running averages, so an image gets the same prediction alone or in a batch.
+its running averages, so an image gets the same prediction alone or in a batch. The same
+network is written twice, with the Linen modules (``--api linen``, the default) and with
+``jaxnorm.nnx`` (``--api nnx``: ``nnx.Optimizer``, ``nnx.jit``, ``.train()``/``.eval()``).
 
   python examples/mini_cnn.py --norm batch --epochs 12 --out results/mini_cnn
+  python examples/mini_cnn.py --api nnx --norm batch
 
 Prints a progress bar, then, as its last stdout line, one JSON object with the final
 metrics; saves a plot of training loss and test accuracy per epoch into ``--out``.
@@ -23,11 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from _common import print_result, save_curves
+from flax import nnx
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
 import jaxnorm
+from jaxnorm import nnx as jnnx
 
 NORMS = ("batch", "group", "layer", "instance", "rms", "none")
 
@@ -67,34 +72,49 @@ class CNN(nn.Module):
     return nn.Dense(10)(x.mean((1, 2)))
 
 
-def load_data(seed: int = 0):
-  """Digits as (N, 8, 8, 1) float32 in [0, 1], split 75/25 with a fixed stratified split."""
-  digits = load_digits()
-  x = (digits.images.astype(np.float32) / 16.0)[..., None]
-  return train_test_split(
-    x, digits.target, test_size=0.25, random_state=seed, stratify=digits.target
-  )
+def make_nnx_norm(kind: str, channels: int, rngs: nnx.Rngs):
+  """:func:`make_norm` with ``jaxnorm.nnx``'s modules (None for ``none``)."""
+  if kind == "batch":
+    return jnnx.BatchNorm(channels, momentum=0.9, rngs=rngs)
+  if kind == "group":
+    return jnnx.GroupNorm(channels, 4, rngs=rngs)
+  if kind == "layer":
+    return jnnx.LayerNorm(channels, reduction_axes=(1, 2, 3), feature_axes=-1, rngs=rngs)
+  if kind == "instance":
+    return jnnx.InstanceNorm(channels, rngs=rngs)
+  if kind == "rms":
+    return jnnx.RMSNorm(channels, reduction_axes=(1, 2, 3), feature_axes=-1, rngs=rngs)
+  if kind == "none":
+    return None
+  raise ValueError(f"--norm must be one of {NORMS}, got {kind!r}")
 
 
-def train(
-  norm: str = "batch",
-  batch_size: int = 32,
-  epochs: int = 12,
-  seed: int = 0,
-  lr: float = 3e-3,
-  out: str | None = "results/mini_cnn",
-  max_train: int | None = None,
-  progress: bool = True,
-) -> dict:
-  """Trains the CNN and returns the final metrics (also printed as the last JSON line)."""
-  x_train, x_test, y_train, y_test = load_data()
-  if max_train is not None:
-    x_train, y_train = x_train[:max_train], y_train[:max_train]
+class NNXCNN(nnx.Module):
+  """:class:`CNN` as an NNX module (BatchNorm's mode: ``.train()`` / ``.eval()``)."""
+
+  def __init__(self, norm: str = "batch", *, rngs: nnx.Rngs):
+    widths = (1, 16, 32, 64)
+    self.convs = nnx.List(
+      nnx.Conv(a, b, (3, 3), use_bias=norm == "none", rngs=rngs)
+      for a, b in zip(widths, widths[1:], strict=False)
+    )
+    self.norms = nnx.List(make_nnx_norm(norm, c, rngs) for c in widths[1:])
+    self.head = nnx.Linear(64, 10, rngs=rngs)
+
+  def __call__(self, x):
+    for i, (conv, norm) in enumerate(zip(self.convs, self.norms, strict=True)):
+      x = conv(x)
+      x = nnx.relu(x if norm is None else norm(x))
+      if i == 0:
+        x = nnx.avg_pool(x, (2, 2), strides=(2, 2))
+    return self.head(x.mean((1, 2)))
+
+
+def linen_trainer(norm: str, x0, seed: int, tx):
+  """``(step(xb, yb) -> loss, predict(x) -> labels)`` for the Linen :class:`CNN`."""
   model = CNN(norm)
-  variables = model.init(jax.random.key(seed), x_train[:batch_size], train=False)
-  steps_per_epoch = max(1, len(x_train) // batch_size)
-  tx = optax.adam(optax.cosine_decay_schedule(lr, epochs * steps_per_epoch, alpha=0.05))
-  opt_state = tx.init(variables["params"])
+  variables = model.init(jax.random.key(seed), x0, train=False)
+  state = dict(variables=variables, opt_state=tx.init(variables["params"]))
 
   @jax.jit
   def train_step(variables, opt_state, xb, yb):
@@ -114,24 +134,95 @@ def train(
   def predict(variables, xb):
     return jnp.argmax(model.apply(variables, xb, train=False), -1)
 
+  def step(xb, yb):
+    state["variables"], state["opt_state"], loss = train_step(
+      state["variables"], state["opt_state"], xb, yb
+    )
+    return loss
+
+  return step, lambda x: predict(state["variables"], x)
+
+
+def nnx_trainer(norm: str, seed: int, tx):
+  """``(step, predict)`` for :class:`NNXCNN`: the model and optimizer are updated in place."""
+  model = NNXCNN(norm, rngs=nnx.Rngs(seed))
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+  @nnx.jit
+  def train_step(model, optimizer, xb, yb):
+    def loss_fn(model):
+      return optax.softmax_cross_entropy_with_integer_labels(model(xb), yb).mean()
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return loss
+
+  @nnx.jit
+  def predict(model, xb):
+    return jnp.argmax(model(xb), -1)
+
+  def step(xb, yb):
+    model.train()
+    return train_step(model, optimizer, xb, yb)
+
+  def evaluate(x):
+    model.eval()
+    return predict(model, x)
+
+  return step, evaluate
+
+
+def load_data(seed: int = 0):
+  """Digits as (N, 8, 8, 1) float32 in [0, 1], split 75/25 with a fixed stratified split."""
+  digits = load_digits()
+  x = (digits.images.astype(np.float32) / 16.0)[..., None]
+  return train_test_split(
+    x, digits.target, test_size=0.25, random_state=seed, stratify=digits.target
+  )
+
+
+def train(
+  norm: str = "batch",
+  batch_size: int = 32,
+  epochs: int = 12,
+  seed: int = 0,
+  lr: float = 3e-3,
+  out: str | None = "results/mini_cnn",
+  max_train: int | None = None,
+  progress: bool = True,
+  api: str = "linen",
+) -> dict:
+  """Trains the CNN and returns the final metrics (also printed as the last JSON line)."""
+  x_train, x_test, y_train, y_test = load_data()
+  if max_train is not None:
+    x_train, y_train = x_train[:max_train], y_train[:max_train]
+  steps_per_epoch = max(1, len(x_train) // batch_size)
+  tx = optax.adam(optax.cosine_decay_schedule(lr, epochs * steps_per_epoch, alpha=0.05))
+  if api == "linen":
+    step, predict = linen_trainer(norm, x_train[:batch_size], seed, tx)
+  elif api == "nnx":
+    step, predict = nnx_trainer(norm, seed, tx)
+  else:
+    raise ValueError(f"api must be 'linen' or 'nnx', got {api!r}")
+
   rng = np.random.default_rng(seed)
   losses, accuracies = [], []
   start = time.perf_counter()
-  bar = tqdm(range(epochs), desc=f"mini_cnn[{norm}]", disable=not progress)
+  bar = tqdm(range(epochs), desc=f"mini_cnn[{api}, {norm}]", disable=not progress)
   for _ in bar:
     order = rng.permutation(len(x_train))
     epoch_loss = []
     for s in range(steps_per_epoch):
       idx = order[s * batch_size : (s + 1) * batch_size]
-      variables, opt_state, loss = train_step(variables, opt_state, x_train[idx], y_train[idx])
-      epoch_loss.append(loss)
+      epoch_loss.append(step(x_train[idx], y_train[idx]))
     losses.append(float(jnp.mean(jnp.stack(epoch_loss))))
-    accuracies.append(float(np.mean(np.asarray(predict(variables, x_test)) == y_test)))
+    accuracies.append(float(np.mean(np.asarray(predict(x_test)) == y_test)))
     bar.set_postfix(loss=f"{losses[-1]:.3f}", test_acc=f"{accuracies[-1]:.3f}")
   seconds = time.perf_counter() - start
 
   metrics = dict(
     norm=norm,
+    api=api,
     test_accuracy=accuracies[-1],
     epochs=epochs,
     seconds=round(seconds, 2),
@@ -141,8 +232,8 @@ def train(
   )
   if out:
     metrics["plot"] = save_curves(
-      os.path.join(out, f"mini_cnn_{norm}.png"),
-      f"mini CNN on digits, norm={norm}",
+      os.path.join(out, f"mini_cnn_{norm}.png" if api == "linen" else f"mini_cnn_{api}_{norm}.png"),
+      f"mini CNN on digits, norm={norm}, api={api}",
       [("training loss", {norm: losses}), ("test accuracy", {norm: accuracies})],
       "epoch",
     )
@@ -153,13 +244,14 @@ def train(
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--norm", choices=NORMS, default="batch")
+  ap.add_argument("--api", choices=("linen", "nnx"), default="linen", help="Flax front end")
   ap.add_argument("--batch-size", type=int, default=32)
   ap.add_argument("--epochs", type=int, default=12)
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--lr", type=float, default=3e-3)
   ap.add_argument("--out", default="results/mini_cnn", help="folder for the plot")
   args = ap.parse_args(argv)
-  return train(args.norm, args.batch_size, args.epochs, args.seed, args.lr, args.out)
+  return train(args.norm, args.batch_size, args.epochs, args.seed, args.lr, args.out, api=args.api)
 
 
 if __name__ == "__main__":

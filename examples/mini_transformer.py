@@ -4,9 +4,12 @@ The corpus is the Book of Genesis in the King James Version (public domain, 197 
 ``examples/data/genesis_kjv.txt``): the first 90 % trains, the last 10 % validates. The
 model is a GPT-style stack of causal self-attention and MLP blocks with jaxnorm's LayerNorm
 or RMSNorm, placed before each sublayer (Pre-LN, the default, with a final norm) or after
-each residual addition (``--post-ln``, the original Transformer's placement).
+each residual addition (``--post-ln``, the original Transformer's placement). The model is
+written with the Linen modules (``--api linen``, the default) and with ``jaxnorm.nnx``
+(``--api nnx``).
 
   python examples/mini_transformer.py --norm layer --steps 800 --out results/mini_transformer
+  python examples/mini_transformer.py --api nnx --norm rms
 
 Prints a progress bar, a generated sample and, as its last stdout line, one JSON object
 with the final metrics; saves a plot of the training and validation loss into ``--out``.
@@ -24,9 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from _common import print_result, save_curves
+from flax import nnx
 from tqdm import tqdm
 
 import jaxnorm
+from jaxnorm import nnx as jnnx
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "genesis_kjv.txt")
 NORMS = ("layer", "rms")
@@ -89,6 +94,108 @@ class CharTransformer(nn.Module):
     return nn.Dense(self.vocab)(x)
 
 
+def make_nnx_norm(kind: str, dim: int, rngs: nnx.Rngs):
+  """:func:`make_norm` with ``jaxnorm.nnx``'s modules."""
+  if kind == "layer":
+    return jnnx.LayerNorm(dim, rngs=rngs)
+  if kind == "rms":
+    return jnnx.RMSNorm(dim, rngs=rngs)
+  raise ValueError(f"--norm must be one of {NORMS}, got {kind!r}")
+
+
+class NNXBlock(nnx.Module):
+  """:class:`Block` as an NNX module."""
+
+  def __init__(self, dim: int, heads: int, norm: str, post_ln: bool, *, rngs: nnx.Rngs):
+    self.attention = nnx.MultiHeadAttention(heads, dim, qkv_features=dim, decode=False, rngs=rngs)
+    self.up, self.down = nnx.Linear(dim, 4 * dim, rngs=rngs), nnx.Linear(4 * dim, dim, rngs=rngs)
+    self.norms = nnx.List(make_nnx_norm(norm, dim, rngs) for _ in range(2))
+    self.post_ln = post_ln
+
+  def __call__(self, x, mask):
+    sublayers = (
+      lambda h: self.attention(h, h, mask=mask),
+      lambda h: self.down(nnx.gelu(self.up(h))),
+    )
+    for sublayer, norm in zip(sublayers, self.norms, strict=True):
+      x = norm(x + sublayer(x)) if self.post_ln else x + sublayer(norm(x))
+    return x
+
+
+class NNXCharTransformer(nnx.Module):
+  """:class:`CharTransformer` as an NNX module."""
+
+  def __init__(self, vocab, context=64, dim=128, heads=4, layers=3, norm="layer",
+               post_ln=False, *, rngs: nnx.Rngs):  # fmt: skip
+    self.context = context
+    self.tokens, self.positions = (
+      nnx.Embed(vocab, dim, rngs=rngs),
+      nnx.Embed(context, dim, rngs=rngs),
+    )
+    self.blocks = nnx.List(NNXBlock(dim, heads, norm, post_ln, rngs=rngs) for _ in range(layers))
+    self.final = None if post_ln else make_nnx_norm(norm, dim, rngs)
+    self.readout = nnx.Linear(dim, vocab, rngs=rngs)
+
+  def __call__(self, tokens):
+    x = self.tokens(tokens) + self.positions(jnp.arange(tokens.shape[-1]))[None]
+    mask = nnx.make_causal_mask(tokens)
+    for block in self.blocks:
+      x = block(x, mask)
+    return self.readout(x if self.final is None else self.final(x))
+
+
+def linen_trainer(model: CharTransformer, seed: int, tx):
+  """``(step(x, y) -> loss, loss(x, y), next_logits(window))`` for the Linen model."""
+  params = model.init(jax.random.key(seed), np.zeros((1, model.context), np.int32))["params"]
+  state = dict(params=params, opt_state=tx.init(params))
+
+  def loss_fn(params, x, y):
+    logits = model.apply({"params": params}, x)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+  @jax.jit
+  def train_step(params, opt_state, x, y):
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  def step(x, y):
+    state["params"], state["opt_state"], loss = train_step(
+      state["params"], state["opt_state"], x, y
+    )
+    return loss
+
+  eval_loss = jax.jit(loss_fn)
+  next_logits = jax.jit(lambda params, window: model.apply({"params": params}, window[None]))
+  return (
+    step,
+    lambda x, y: eval_loss(state["params"], x, y),
+    lambda window: next_logits(state["params"], window)[0, -1],
+  )
+
+
+def nnx_trainer(model: NNXCharTransformer, tx):
+  """The same three functions for the NNX model (updated in place by ``nnx.Optimizer``)."""
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+  def loss_fn(model, x, y):
+    return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+  @nnx.jit
+  def train_step(model, optimizer, x, y):
+    loss, grads = nnx.value_and_grad(loss_fn)(model, x, y)
+    optimizer.update(model, grads)
+    return loss
+
+  eval_loss = nnx.jit(loss_fn)
+  next_logits = nnx.jit(lambda model, window: model(window[None]))
+  return (
+    lambda x, y: train_step(model, optimizer, x, y),
+    lambda x, y: eval_loss(model, x, y),
+    lambda window: next_logits(model, window)[0, -1],
+  )
+
+
 def load_text(path: str = DATA):
   """The corpus as int32 character codes, its alphabet, and a 90/10 train/validation split."""
   with open(path, encoding="utf-8") as f:
@@ -106,19 +213,15 @@ def batches(codes: np.ndarray, batch_size: int, context: int, rng: np.random.Gen
   return codes[idx], codes[idx + 1]
 
 
-def generate(model, params, prompt: np.ndarray, length: int, key, temperature: float = 0.8):
-  """Samples ``length`` characters after ``prompt`` (sliding the context window)."""
-
-  @jax.jit
-  def next_token(window, key):
-    logits = model.apply({"params": params}, window[None])[0, -1]
-    return jax.random.categorical(key, logits / temperature)
-
+def generate(next_logits, context: int, prompt, length: int, key, temperature: float = 0.8):
+  """Samples ``length`` characters after ``prompt`` (sliding the context window);
+  ``next_logits(window)`` gives the logits of the character after a window."""
+  sample = jax.jit(lambda logits, key: jax.random.categorical(key, logits / temperature))
   tokens = list(prompt)
   for k in jax.random.split(key, length):
-    window = np.array(tokens[-model.context :], dtype=np.int32)
-    window = np.pad(window, (model.context - len(window), 0))  # left-pad to a fixed shape
-    tokens.append(int(next_token(window, k)))
+    window = np.array(tokens[-context:], dtype=np.int32)
+    window = np.pad(window, (context - len(window), 0))  # left-pad to a fixed shape
+    tokens.append(int(sample(next_logits(window), k)))
   return tokens[len(prompt) :]
 
 
@@ -137,59 +240,52 @@ def train(
   out: str | None = "results/mini_transformer",
   progress: bool = True,
   history: bool = False,
+  api: str = "linen",
 ) -> dict:
   """Trains the model and returns the final metrics (also printed as the last JSON line);
   with ``history``, the returned dict (not the printed line) also holds the loss curves."""
   train_codes, val_codes, alphabet = load_text()
-  model = CharTransformer(len(alphabet), context, dim, layers=layers, norm=norm, post_ln=post_ln)
   rng = np.random.default_rng(seed)
-  params = model.init(jax.random.key(seed), np.zeros((1, context), np.int32))["params"]
   schedule = optax.warmup_cosine_decay_schedule(
     0.0, lr, min(100, steps // 10 + 1), steps, lr * 0.05
   )
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
-  opt_state = tx.init(params)
-
-  def loss_fn(params, x, y):
-    logits = model.apply({"params": params}, x)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-  @jax.jit
-  def train_step(params, opt_state, x, y):
-    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  eval_loss = jax.jit(loss_fn)
+  shape = dict(layers=layers, norm=norm, post_ln=post_ln)
+  if api == "linen":
+    model = CharTransformer(len(alphabet), context, dim, **shape)
+    train_step, eval_loss, next_logits = linen_trainer(model, seed, tx)
+  elif api == "nnx":
+    model = NNXCharTransformer(len(alphabet), context, dim, **shape, rngs=nnx.Rngs(seed))
+    train_step, eval_loss, next_logits = nnx_trainer(model, tx)
+  else:
+    raise ValueError(f"api must be 'linen' or 'nnx', got {api!r}")
   val_rng = np.random.default_rng(seed + 1)
   val_set = [batches(val_codes, 64, context, val_rng) for _ in range(4)]  # fixed windows
 
-  def validate(params):
-    return float(np.mean([eval_loss(params, x, y) for x, y in val_set]))
+  def validate():
+    return float(np.mean([eval_loss(x, y) for x, y in val_set]))
 
   name = f"{norm}{'-post' if post_ln else '-pre'}"
-  initial = validate(params)
+  initial = validate()
   val_curve, train_curve, window = [initial], [], []
   start = time.perf_counter()
-  bar = tqdm(range(1, steps + 1), desc=f"mini_transformer[{name}]", disable=not progress)
+  bar = tqdm(range(1, steps + 1), desc=f"mini_transformer[{api}, {name}]", disable=not progress)
   for step in bar:
-    params, opt_state, loss = train_step(
-      params, opt_state, *batches(train_codes, batch_size, context, rng)
-    )
-    window.append(loss)
+    window.append(train_step(*batches(train_codes, batch_size, context, rng)))
     if step % eval_every == 0 or step == steps:
       train_curve.append(float(jnp.mean(jnp.stack(window))))
       window = []
-      val_curve.append(validate(params))
+      val_curve.append(validate())
       bar.set_postfix(train=f"{train_curve[-1]:.3f}", val=f"{val_curve[-1]:.3f}")
   seconds = time.perf_counter() - start
 
   if sample_length:
     prompt = np.array([alphabet.index(c) for c in "And God said"], np.int32)
-    sample = generate(model, params, prompt, sample_length, jax.random.key(seed))
+    sample = generate(next_logits, context, prompt, sample_length, jax.random.key(seed))
     print("sample: And God said" + "".join(alphabet[i] for i in sample))
   metrics = dict(
     norm=norm,
+    api=api,
     post_ln=post_ln,
     initial_loss=initial,
     final_loss=val_curve[-1],
@@ -198,7 +294,7 @@ def train(
   )
   if out:
     metrics["plot"] = save_curves(
-      os.path.join(out, f"mini_transformer_{name}.png"),
+      os.path.join(out, f"mini_transformer_{'' if api == 'linen' else api + '_'}{name}.png"),
       f"char-level Transformer on Genesis (KJV), {name}-LN",
       [("loss (nats/char)", {"validation": val_curve[1:], "training": train_curve})],
       f"× {eval_every} steps",
@@ -212,6 +308,7 @@ def train(
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--norm", choices=NORMS, default="layer")
+  ap.add_argument("--api", choices=("linen", "nnx"), default="linen", help="Flax front end")
   ap.add_argument("--post-ln", action="store_true", help="norm after each residual addition")
   ap.add_argument("--steps", type=int, default=800)
   ap.add_argument("--batch-size", type=int, default=32)
@@ -233,6 +330,7 @@ def main(argv=None):
     args.lr,
     args.seed,
     out=args.out,
+    api=args.api,
   )
 
 

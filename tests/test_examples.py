@@ -8,6 +8,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"))
 import mini_cnn  # noqa: E402
@@ -27,6 +28,36 @@ def test_mini_cnn_smoke(capsys, tmp_path):
   assert result["final_loss"] < result["initial_loss"]
   assert result["test_accuracy"] > 0.3  # well above chance (0.1) after two short epochs
   assert os.path.getsize(result["plot"]) > 10_000
+
+
+def test_mini_cnn_nnx_smoke(capsys, tmp_path):
+  mini_cnn.main(
+    [
+      "--api",
+      "nnx",
+      "--norm",
+      "batch",
+      "--epochs",
+      "2",
+      "--batch-size",
+      "64",
+      "--out",
+      str(tmp_path),
+    ]
+  )
+  result = _last_json_line(capsys)
+  assert result["api"] == "nnx" and result["norm"] == "batch" and result["epochs"] == 2
+  assert result["final_loss"] < result["initial_loss"]
+  assert result["test_accuracy"] > 0.3
+  assert os.path.getsize(result["plot"]) > 10_000
+
+
+@pytest.mark.parametrize("norm", mini_cnn.NORMS)
+def test_mini_cnn_nnx_builds_every_norm(norm):
+  model = mini_cnn.NNXCNN(norm, rngs=nnx.Rngs(0))
+  x = np.zeros((2, 8, 8, 1), np.float32)
+  assert model(x).shape == (2, 10)
+  assert bool(nnx.state(model, nnx.BatchStat)) == (norm == "batch")
 
 
 @pytest.mark.parametrize("norm", mini_cnn.NORMS)
@@ -65,6 +96,15 @@ def test_mini_transformer_smoke(capsys, tmp_path):
   assert result["steps"] == 40
   assert result["final_loss"] < 0.9 * result["initial_loss"]
   assert os.path.getsize(result["plot"]) > 10_000
+
+
+def test_mini_transformer_nnx(capsys):
+  result = mini_transformer.train(
+    "rms", steps=30, dim=32, layers=1, context=16, eval_every=10, out=None, progress=False,
+    sample_length=5, api="nnx",
+  )  # fmt: skip
+  assert _last_json_line(capsys) == result
+  assert result["api"] == "nnx" and result["final_loss"] < 0.9 * result["initial_loss"]
 
 
 def test_mini_transformer_post_ln_rms(capsys):
