@@ -10,6 +10,9 @@ defects are reported here, never asserted, so jaxnorm's CI does not depend on th
    NumPy computation of the formula.
 3. Inputs where Flax goes silently wrong: one value per feature in BatchNorm training, a
    fully masked group, a NaN batch followed by clean ones.
+4. NNX: jaxnorm.nnx against flax.nnx on the same ordinary data (ulps as in 1), and
+   GroupNorm with reduction_axes=-1 on (B, T, C), where flax.nnx.GroupNorm repeats the
+   group statistics along axis 1: each library's error against float64.
 
   python benchmarks/flax_report.py
 """
@@ -138,12 +141,54 @@ def silent_errors(rng):
     print(f"- {lib.__name__}: running mean finite after one NaN batch and 50 clean ones: {finite}")
 
 
+def nnx_table(rng):
+  from flax import nnx
+
+  from jaxnorm import nnx as jnnx
+
+  print("\n## 4. jaxnorm.nnx vs flax.nnx in float32 ulps at the output's scale\n")
+  print("| module | shape | output: median | 99.9th pct | max | BatchStats: max |")
+  print("|---|---|---|---|---|---|")
+  for name, kw, shape in MODULES:
+    if name == "LayerNorm" and kw:
+      continue  # the NNX constructor has the same meaning; one LayerNorm row suffices
+    args = (shape[-1], 32) if name == "GroupNorm" else (shape[-1],)
+    x = jnp.asarray(rng.normal(0.7, 1.3, shape), jnp.float32)
+    kw = {}
+    ours, theirs = (lib_cls(*args, **kw, rngs=nnx.Rngs(0)) for lib_cls in
+                    (getattr(jnnx, name), getattr(nnx, name)))  # fmt: skip
+    u = _ulps(ours(x), theirs(x))
+    stats = "—"
+    if name == "BatchNorm":
+      pairs = ((ours.mean, theirs.mean), (ours.var, theirs.var))
+      stats = f"{max(_ulps(a[...], b[...]).max() for a, b in pairs):.0f}"
+    print(
+      f"| {name} | {shape} | {np.median(u):.0f} | {np.percentile(u, 99.9):.0f} "
+      f"| {u.max():.0f} | {stats} |"
+    )
+  x = rng.normal(0.5, 2.0, (8, 16, 64)).astype(np.float32)
+  g = 8
+  xs = np.float64(x).reshape(8, 16, g, 64 // g)
+  mean = xs.mean(-1, keepdims=True)
+  var = ((xs - mean) ** 2).mean(-1, keepdims=True)
+  expected = ((xs - mean) / np.sqrt(var + 1e-6)).reshape(x.shape)
+  errs = []
+  for lib in (jnnx, nnx):
+    module = lib.GroupNorm(64, g, reduction_axes=-1, rngs=nnx.Rngs(0))
+    errs.append(np.abs(np.asarray(module(x), np.float64) - expected).max())
+  print(
+    f"\nGroupNorm(64, {g}, reduction_axes=-1) on (8, 16, 64), largest error against float64: "
+    f"jaxnorm.nnx {errs[0]:.2g}, flax.nnx {errs[1]:.3g}"
+  )
+
+
 def main():
   rng = np.random.default_rng(0)
   print(f"jax {jax.__version__}, flax {__import__('flax').__version__}, {jax.devices()[0]}\n")
   ulp_table(rng)
   offset_table(rng)
   silent_errors(rng)
+  nnx_table(rng)
 
 
 if __name__ == "__main__":
