@@ -220,3 +220,37 @@ def test_modules_match_reference(norm, layout, api, rng):
     y = module(x)
   expected = expected_fn(np.asarray(x), np.asarray(gamma), np.asarray(beta))
   np.testing.assert_allclose(np.asarray(y), expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_metadata_and_promote_dtype_as_in_flax(name, rng):
+  """``scale_metadata``/``bias_metadata`` reach the ``nnx.Param``s, and a custom
+  ``promote_dtype`` is called on the same arguments as Flax's."""
+  calls = {}
+
+  def promote(args, *, dtype=None, lib):
+    calls[lib] = [None if a is None else (jnp.shape(a), jnp.result_type(a)) for a in args]
+    return nnx.nn.dtypes.promote_dtype(tuple(args), dtype=jnp.bfloat16)
+
+  args = (8, 2) if name == "GroupNorm" else (8,)
+  meta = dict(scale_metadata={"tag": "s"})
+  if name != "RMSNorm":
+    meta["bias_metadata"] = {"tag": "b"}
+  modules = [
+    getattr(lib, name)(
+      *args,
+      **meta,
+      promote_dtype=lambda a, dtype=None, n=n: promote(a, dtype=dtype, lib=n),
+      rngs=nnx.Rngs(0),
+    )  # fmt: skip
+    for n, lib in (("ours", jnnx), ("theirs", nnx))
+  ]
+  for m in modules:
+    assert m.scale.get_metadata()["tag"] == "s"
+    if name != "RMSNorm":
+      assert m.bias.get_metadata()["tag"] == "b"
+  x = jnp.asarray(rng.normal(size=(4, 3, 8)), jnp.float32)
+  y_ours, y_theirs = (m(x) for m in modules)
+  assert calls["ours"] == calls["theirs"]
+  assert y_ours.dtype == y_theirs.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.float32(y_ours), np.float32(y_theirs), atol=3e-2, rtol=3e-2)
