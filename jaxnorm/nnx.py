@@ -75,6 +75,17 @@ def _onto(value, shape):
   return value.reshape(shape)
 
 
+def _common(module, mask):
+  """The keyword arguments every call passes on to its pure function unchanged."""
+  return dict(
+    epsilon=module.epsilon,
+    mask=mask,
+    axis_name=module.axis_name,
+    axis_index_groups=module.axis_index_groups,
+    dtype=module.dtype,
+  )
+
+
 def _feature_shape(x, feature_axes):
   feat = canonicalize_axes(feature_axes, jnp.ndim(x), name="feature_axes")
   return tuple(jnp.shape(x)[a] for a in feat)
@@ -196,11 +207,7 @@ class BatchNorm(nnx.BatchNorm):
       momentum=self.momentum,
       axis=feat,
       reduction_axes=red,
-      epsilon=self.epsilon,
-      mask=mask,
-      axis_name=self.axis_name,
-      axis_index_groups=self.axis_index_groups,
-      dtype=self.dtype,
+      **_common(self, mask),
     )
     if updated is not None:
       # The running averages are not trained: no gradient flows into them (as flax.nnx).
@@ -273,11 +280,7 @@ class LayerNorm(nnx.LayerNorm):
       _onto(bias, _feature_shape(x, self.feature_axes)),
       reduction_axes=self.reduction_axes,
       feature_axes=self.feature_axes,
-      epsilon=self.epsilon,
-      mask=mask,
-      axis_name=self.axis_name,
-      axis_index_groups=self.axis_index_groups,
-      dtype=self.dtype,
+      **_common(self, mask),
     )
 
 
@@ -436,11 +439,7 @@ class GroupNorm(nnx.GroupNorm):
       num_groups=self.num_groups,
       feature_axis=self.feature_axis,
       reduction_axes=self.reduction_axes,
-      epsilon=self.epsilon,
-      mask=mask,
-      axis_name=self.axis_name,
-      axis_index_groups=self.axis_index_groups,
-      dtype=self.dtype,
+      **_common(self, mask),
     )
 
 
@@ -510,9 +509,5 @@ class InstanceNorm(nnx.InstanceNorm):
       _onto(scale, _feature_shape(x, self.feature_axes)),
       _onto(bias, _feature_shape(x, self.feature_axes)),
       feature_axes=self.feature_axes,
-      epsilon=self.epsilon,
-      mask=mask,
-      axis_name=self.axis_name,
-      axis_index_groups=self.axis_index_groups,
-      dtype=self.dtype,
+      **_common(self, mask),
     )
