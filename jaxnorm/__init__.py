@@ -4,9 +4,11 @@ The pure functions (:func:`normalize`, :func:`batch_norm`, :func:`layer_norm`,
 :func:`instance_norm`, :func:`group_norm`, :func:`rms_norm`, :func:`moments`,
 :func:`update_running_average`, :func:`batch_norm_step`) hold all the maths; the Flax linen modules
 (:class:`BatchNorm`, :class:`LayerNorm`, :class:`RMSNorm`, :class:`GroupNorm`,
-:class:`InstanceNorm`) are drop-in replacements for ``flax.linen``'s and thin layers over them.
+:class:`InstanceNorm`) are drop-in replacements for ``flax.linen``'s and thin layers over them;
+:mod:`jaxnorm.nnx` holds the same five for ``flax.nnx``, over the same functions.
 """
 
+from jaxnorm import nnx
 from jaxnorm._axes import canonicalize_axes
 from jaxnorm._stats import Moments, moments, reduction_dtype, update_running_average
 from jaxnorm.batch import batch_norm_step, running_stats_dtypes
@@ -38,6 +40,7 @@ __all__ = [
   "instance_norm",
   "layer_norm",
   "moments",
+  "nnx",
   "normalize",
   "reduction_dtype",
   "rms_norm",
