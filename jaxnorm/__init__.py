@@ -13,6 +13,8 @@ from jaxnorm._axes import canonicalize_axes
 from jaxnorm._stats import Moments, moments, reduction_dtype, update_running_average
 from jaxnorm.batch import batch_norm_step, running_stats_dtypes
 from jaxnorm.functional import (
+  add_layer_norm,
+  add_rms_norm,
   affine,
   batch_norm,
   group_norm,
@@ -32,6 +34,8 @@ __all__ = [
   "LayerNorm",
   "Moments",
   "RMSNorm",
+  "add_layer_norm",
+  "add_rms_norm",
   "affine",
   "batch_norm",
   "batch_norm_step",

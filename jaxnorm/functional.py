@@ -354,6 +354,112 @@ def rms_norm(
     return y
 
 
+def add_layer_norm(
+  x: jax.Array,
+  residual: jax.Array,
+  scale: jax.Array | None = None,
+  bias: jax.Array | None = None,
+  *,
+  residual_dtype: Any = None,
+  reduction_axes: Axes = -1,
+  feature_axes: Axes = -1,
+  epsilon: float = 1e-6,
+  mask: jax.Array | None = None,
+  axis_name: Any = None,
+  axis_index_groups: Any = None,
+  dtype: Any = None,
+  force_float32_reductions: bool = True,
+) -> tuple[jax.Array, jax.Array]:
+  """Add & Norm: ``h = x + residual`` and ``y = layer_norm(h)``, returned as ``(y, h)``.
+
+  The residual stream of a Pre-LN Transformer block (as ``fused_add_rms_norm`` in vLLM or
+  flash-attn's ``prenorm=True``): ``h`` is the new residual stream, ``y`` the input of the
+  next sublayer. ``h`` is kept in ``residual_dtype`` (e.g. float32 while ``x`` is bfloat16);
+  ``y`` has the dtype :func:`layer_norm` of ``x`` would have (``dtype``, else ``x``'s
+  promoted with the parameters). Both cotangents flow back into ``x`` and ``residual``
+  through the norm's closed-form derivative.
+
+  Args:
+    x: the sublayer's output.
+    residual: the residual stream, of ``x``'s shape.
+    scale, bias, reduction_axes, feature_axes, epsilon, mask, axis_name,
+    axis_index_groups, dtype, force_float32_reductions: as in :func:`layer_norm`.
+    residual_dtype: the dtype of ``h`` (default: ``x``'s and ``residual``'s promoted).
+
+  Returns:
+    ``(y, h)``.
+
+  >>> y, h = add_layer_norm(jnp.array([[1., 2.]]), jnp.array([[2., 5.]]), epsilon=1e-12)
+  >>> y.tolist(), h.tolist()
+  ([[-1.0, 1.0]], [[3.0, 7.0]])
+  """
+  h = residual_sum(x, residual, residual_dtype)
+  y = layer_norm(
+    h,
+    scale,
+    bias,
+    reduction_axes=reduction_axes,
+    feature_axes=feature_axes,
+    epsilon=epsilon,
+    **_shared(mask, axis_name, axis_index_groups, dtype, force_float32_reductions),
+  )
+  return y.astype(output_dtype(x, scale, bias, dtype=dtype)), h
+
+
+def add_rms_norm(
+  x: jax.Array,
+  residual: jax.Array,
+  scale: jax.Array | None = None,
+  bias: jax.Array | None = None,
+  *,
+  residual_dtype: Any = None,
+  reduction_axes: Axes = -1,
+  feature_axes: Axes = -1,
+  epsilon: float = 1e-6,
+  epsilon_in_root: bool = True,
+  zero_centered_scale: bool = False,
+  mask: jax.Array | None = None,
+  axis_name: Any = None,
+  axis_index_groups: Any = None,
+  dtype: Any = None,
+  force_float32_reductions: bool = True,
+) -> tuple[jax.Array, jax.Array]:
+  """Add & RMSNorm: ``h = x + residual`` and ``y = rms_norm(h)``, returned as ``(y, h)``
+  (see :func:`add_layer_norm`; the other arguments as in :func:`rms_norm`).
+
+  >>> y, h = add_rms_norm(jnp.array([[1., 2.]]), jnp.array([[2., 2.]]), epsilon=1e-12)
+  >>> print(y, h)  # RMS of [3, 4] is sqrt(12.5)
+  [[0.8485 1.1314]] [[3. 4.]]
+  """
+  h = residual_sum(x, residual, residual_dtype)
+  y = rms_norm(
+    h,
+    scale,
+    bias,
+    reduction_axes=reduction_axes,
+    feature_axes=feature_axes,
+    epsilon=epsilon,
+    epsilon_in_root=epsilon_in_root,
+    zero_centered_scale=zero_centered_scale,
+    **_shared(mask, axis_name, axis_index_groups, dtype, force_float32_reductions),
+  )
+  return y.astype(output_dtype(x, scale, bias, dtype=dtype)), h
+
+
+def residual_sum(x: Any, residual: Any, residual_dtype: Any = None) -> jax.Array:
+  """``x + residual`` in ``residual_dtype`` (default: their promoted dtype), for Add & Norm;
+  a clear error when the shapes differ."""
+  x, residual = jnp.asarray(x), jnp.asarray(residual)
+  if x.shape != residual.shape:
+    raise ValueError(
+      f"Add & Norm adds x of shape {x.shape} to a residual of shape {residual.shape}; they "
+      f"must have the same shape (the residual stream is the block's input, x its "
+      f"sublayer's output)."
+    )
+  dt = jnp.result_type(x, residual) if residual_dtype is None else jnp.dtype(residual_dtype)
+  return x.astype(dt) + residual.astype(dt)
+
+
 def instance_norm(
   x: jax.Array,
   scale: jax.Array | None = None,

@@ -185,18 +185,24 @@ class LayerNorm(nn.LayerNorm):
     axis_index_groups: groups of indices along ``axis_name``.
     use_fast_variance: accepted for compatibility; the variance is always the accurate one.
     force_float32_reductions: compute statistics in at least float32 (default True).
+    residual_dtype: (jaxnorm) the dtype of the residual stream ``h`` returned when called
+      with a ``residual`` (Add & Norm), e.g. float32 under bfloat16 activations (default:
+      the promotion of the input's and the residual's).
   """
 
+  residual_dtype: Dtype | None = None
+
   @nn.compact
-  def __call__(self, x, *, mask=None):
-    """Applies layer normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
+  def __call__(self, x, *, mask=None, residual=None):
+    """Applies layer normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`).
+
+    With a ``residual`` (jaxnorm), Add & Norm: returns ``(y, h)`` with ``h = x + residual``
+    in ``residual_dtype`` and ``y`` the norm of ``h`` (see :func:`jaxnorm.add_layer_norm`).
+    """
     x = jnp.asarray(x)
     feat = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
     scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias)
-    return F.layer_norm(
-      x,
-      scale,
-      bias,
+    kw = dict(
       reduction_axes=self.reduction_axes,
       feature_axes=feat,
       epsilon=self.epsilon,
@@ -206,6 +212,9 @@ class LayerNorm(nn.LayerNorm):
       dtype=self.dtype,
       force_float32_reductions=self.force_float32_reductions,
     )
+    if residual is None:
+      return F.layer_norm(x, scale, bias, **kw)
+    return F.add_layer_norm(x, residual, scale, bias, residual_dtype=self.residual_dtype, **kw)
 
 
 class RMSNorm(nn.RMSNorm):
@@ -239,6 +248,7 @@ class RMSNorm(nn.RMSNorm):
     epsilon_in_root: (jaxnorm) ``x / sqrt(ms + ε)`` if True (default, Flax's), else
       ``x / (sqrt(ms) + ε)``.
     zero_centered_scale: (jaxnorm) multiply by ``1 + γ`` with γ stored zero-centred.
+    residual_dtype: (jaxnorm) the dtype of ``h`` in Add & Norm (see :class:`LayerNorm`).
   """
 
   use_bias: bool = False
@@ -246,9 +256,12 @@ class RMSNorm(nn.RMSNorm):
   epsilon_in_root: bool = True
   zero_centered_scale: bool = False
 
+  residual_dtype: Dtype | None = None
+
   @nn.compact
-  def __call__(self, x, *, mask=None):
-    """Applies RMS normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
+  def __call__(self, x, *, mask=None, residual=None):
+    """Applies RMS normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`); with a
+    ``residual``, Add & Norm returning ``(y, h)`` (see :func:`jaxnorm.add_rms_norm`)."""
     x = jnp.asarray(x)
     feat = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
     scale_init = self.scale_init
@@ -258,10 +271,7 @@ class RMSNorm(nn.RMSNorm):
         return init(key, shape, dtype) - 1
 
     scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias, scale_init)
-    return F.rms_norm(
-      x,
-      scale,
-      bias,
+    kw = dict(
       reduction_axes=self.reduction_axes,
       feature_axes=feat,
       epsilon=self.epsilon,
@@ -273,6 +283,9 @@ class RMSNorm(nn.RMSNorm):
       dtype=self.dtype,
       force_float32_reductions=self.force_float32_reductions,
     )
+    if residual is None:
+      return F.rms_norm(x, scale, bias, **kw)
+    return F.add_rms_norm(x, residual, scale, bias, residual_dtype=self.residual_dtype, **kw)
 
 
 class GroupNorm(nn.GroupNorm):

@@ -232,6 +232,8 @@ class LayerNorm(nnx.LayerNorm):
       :class:`jaxnorm.linen.LayerNorm`.
     promote_dtype: casts ``(x, scale, bias)`` to one dtype first (``flax.nnx``'s).
     rngs, bias_metadata, scale_metadata: as in :class:`BatchNorm`.
+    residual_dtype: (jaxnorm) the dtype of ``h`` when called with a ``residual`` (Add &
+      Norm, see :class:`jaxnorm.linen.LayerNorm`).
   """
 
   def __init__(
@@ -254,6 +256,7 @@ class LayerNorm(nnx.LayerNorm):
     rngs: nnx.Rngs,
     bias_metadata: Mapping[str, Any] = _NO_METADATA,
     scale_metadata: Mapping[str, Any] = _NO_METADATA,
+    residual_dtype: Dtype | None = None,
   ):
     _affine_params(self, num_features, use_scale, use_bias, scale_init, bias_init,
                    param_dtype=param_dtype, rngs=rngs, scale_metadata=scale_metadata,
@@ -270,18 +273,22 @@ class LayerNorm(nnx.LayerNorm):
     self.axis_index_groups = axis_index_groups
     self.use_fast_variance = use_fast_variance
     self.promote_dtype = promote_dtype
+    self.residual_dtype = residual_dtype
 
-  def __call__(self, x, *, mask: jax.Array | None = None):
-    """Applies layer normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
+  def __call__(self, x, *, mask: jax.Array | None = None, residual: jax.Array | None = None):
+    """Applies layer normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`); with a
+    ``residual``, Add & Norm returning ``(y, h)`` (see :func:`jaxnorm.add_layer_norm`)."""
     x, scale, bias = self.promote_dtype((x, _read(self.scale), _read(self.bias)), dtype=self.dtype)
-    return F.layer_norm(
-      x,
+    args = (
       _onto(scale, _feature_shape(x, self.feature_axes)),
       _onto(bias, _feature_shape(x, self.feature_axes)),
-      reduction_axes=self.reduction_axes,
-      feature_axes=self.feature_axes,
-      **_common(self, mask),
     )
+    kw = dict(
+      reduction_axes=self.reduction_axes, feature_axes=self.feature_axes, **_common(self, mask)
+    )
+    if residual is None:
+      return F.layer_norm(x, *args, **kw)
+    return F.add_layer_norm(x, residual, *args, residual_dtype=self.residual_dtype, **kw)
 
 
 class RMSNorm(nnx.RMSNorm):
@@ -298,6 +305,7 @@ class RMSNorm(nnx.RMSNorm):
     epsilon_in_root: (jaxnorm) ``x / sqrt(ms + ε)`` if True (Flax's), else ``x / (rms + ε)``.
     zero_centered_scale: (jaxnorm) multiply by ``1 + γ``; ``scale`` starts at
       ``scale_init(...) − 1`` (zeros).
+    residual_dtype: (jaxnorm) the dtype of ``h`` in Add & Norm (see :class:`LayerNorm`).
   """
 
   def __init__(
@@ -322,6 +330,7 @@ class RMSNorm(nnx.RMSNorm):
     bias_metadata: Mapping[str, Any] = _NO_METADATA,
     epsilon_in_root: bool = True,
     zero_centered_scale: bool = False,
+    residual_dtype: Dtype | None = None,
   ):
     if zero_centered_scale:
 
@@ -345,9 +354,11 @@ class RMSNorm(nnx.RMSNorm):
     self.use_bias = use_bias
     self.epsilon_in_root = epsilon_in_root
     self.zero_centered_scale = zero_centered_scale
+    self.residual_dtype = residual_dtype
 
-  def __call__(self, x, mask: jax.Array | None = None):
-    """Applies RMS normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
+  def __call__(self, x, mask: jax.Array | None = None, *, residual: jax.Array | None = None):
+    """Applies RMS normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`); with a
+    ``residual``, Add & Norm returning ``(y, h)`` (see :func:`jaxnorm.add_rms_norm`)."""
     bias = None
     if self.bias is None:  # flax.nnx's own promote_dtype call
       x, scale = self.promote_dtype((x, _read(self.scale)), dtype=self.dtype)
@@ -355,20 +366,20 @@ class RMSNorm(nnx.RMSNorm):
       x, scale, bias = self.promote_dtype(
         (x, _read(self.scale), _read(self.bias)), dtype=self.dtype
       )
-    return F.rms_norm(
-      x,
-      _onto(scale, _feature_shape(x, self.feature_axes)),
-      _onto(bias, _feature_shape(x, self.feature_axes)),
+    kw = dict(
       reduction_axes=self.reduction_axes,
       feature_axes=self.feature_axes,
-      epsilon=self.epsilon,
       epsilon_in_root=self.epsilon_in_root,
       zero_centered_scale=self.zero_centered_scale,
-      mask=mask,
-      axis_name=self.axis_name,
-      axis_index_groups=self.axis_index_groups,
-      dtype=self.dtype,
+      **_common(self, mask),
     )
+    args = (
+      _onto(scale, _feature_shape(x, self.feature_axes)),
+      _onto(bias, _feature_shape(x, self.feature_axes)),
+    )
+    if residual is None:
+      return F.rms_norm(x, *args, **kw)
+    return F.add_rms_norm(x, residual, *args, residual_dtype=self.residual_dtype, **kw)
 
 
 class GroupNorm(nnx.GroupNorm):

@@ -42,11 +42,13 @@ def test_constructor_matches_flax(name):
     assert _same_default(a.default, b.default), a.name
   # jaxnorm's own parameters come after Flax's, keyword-only.
   assert all(p.kind == p.KEYWORD_ONLY for p in p_ours[len(p_theirs) :])
-  call_ours = inspect.signature(ours.__call__).parameters
-  call_theirs = inspect.signature(theirs.__call__).parameters
-  assert [(p.name, p.kind) for p in call_ours.values()] == [
-    (p.name, p.kind) for p in call_theirs.values()
+  call_ours = list(inspect.signature(ours.__call__).parameters.values())
+  call_theirs = list(inspect.signature(theirs.__call__).parameters.values())
+  assert [(p.name, p.kind) for p in call_ours[: len(call_theirs)]] == [
+    (p.name, p.kind) for p in call_theirs
   ]
+  # jaxnorm's call arguments (Add & Norm's residual) come after Flax's, keyword-only.
+  assert all(p.kind == p.KEYWORD_ONLY for p in call_ours[len(call_theirs) :])
 
 
 CONFIGS = [  # (name, positional args, keyword args, input shape, input dtype)
