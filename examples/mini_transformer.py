@@ -3,8 +3,9 @@
 The corpus is the Book of Genesis in the King James Version (public domain, 197 KB,
 ``examples/data/genesis_kjv.txt``): the first 90 % trains, the last 10 % validates. The
 model is a GPT-style stack of causal self-attention and MLP blocks with jaxnorm's LayerNorm
-or RMSNorm, placed before each sublayer (Pre-LN, the default, with a final norm) or after
-each residual addition (``--post-ln``, the original Transformer's placement). The model is
+or RMSNorm, placed before each sublayer (Pre-LN, the default, with a final norm; each norm
+is an Add & Norm that also adds the previous sublayer's output to the residual stream) or
+after each residual addition (``--post-ln``, the original Transformer's placement). The model is
 written with the Linen modules (``--api linen``, the default) and with ``jaxnorm.nnx``
 (``--api nnx``).
 
@@ -47,7 +48,13 @@ def make_norm(kind: str):
 
 
 class Block(nn.Module):
-  """Causal self-attention and an MLP, each with a residual connection and a norm."""
+  """Causal self-attention and an MLP, each with a residual connection and a norm.
+
+  Pre-LN runs on Add & Norm: ``x`` is the residual stream and ``pending`` the previous
+  sublayer's output not yet added to it; each norm adds it (``residual=``) and normalizes,
+  returning the new stream too. The same maths as ``x = x + sublayer(norm(x))``, one fused
+  step per norm. Returns ``(stream, pending)``.
+  """
 
   dim: int
   heads: int
@@ -55,7 +62,7 @@ class Block(nn.Module):
   post_ln: bool
 
   @nn.compact
-  def __call__(self, x, mask):
+  def __call__(self, x, mask, pending=None):
     def attention(h):
       return nn.MultiHeadDotProductAttention(self.heads, qkv_features=self.dim)(h, h, mask=mask)
 
@@ -65,9 +72,12 @@ class Block(nn.Module):
     for sublayer in (attention, mlp):
       if self.post_ln:
         x = make_norm(self.norm)(x + sublayer(x))
+      elif pending is None:
+        pending = sublayer(make_norm(self.norm)(x))
       else:
-        x = x + sublayer(make_norm(self.norm)(x))
-    return x
+        y, x = make_norm(self.norm)(pending, residual=x)
+        pending = sublayer(y)
+    return x, pending
 
 
 class CharTransformer(nn.Module):
@@ -87,10 +97,13 @@ class CharTransformer(nn.Module):
     x = nn.Embed(self.vocab, self.dim)(tokens)
     x = x + nn.Embed(self.context, self.dim)(jnp.arange(t))[None]
     mask = nn.make_causal_mask(tokens)
+    pending = None
     for _ in range(self.layers):
-      x = Block(self.dim, self.heads, self.norm, self.post_ln)(x, mask)
+      x, pending = Block(self.dim, self.heads, self.norm, self.post_ln)(x, mask, pending)
     if not self.post_ln:
-      x = make_norm(self.norm)(x)
+      x = (
+        make_norm(self.norm)(x) if pending is None else make_norm(self.norm)(pending, residual=x)[0]
+      )
     return nn.Dense(self.vocab)(x)
 
 
@@ -112,14 +125,21 @@ class NNXBlock(nnx.Module):
     self.norms = nnx.List(make_nnx_norm(norm, dim, rngs) for _ in range(2))
     self.post_ln = post_ln
 
-  def __call__(self, x, mask):
+  def __call__(self, x, mask, pending=None):
+    """As :class:`Block`: ``(stream, pending)``, Pre-LN on Add & Norm."""
     sublayers = (
       lambda h: self.attention(h, h, mask=mask),
       lambda h: self.down(nnx.gelu(self.up(h))),
     )
     for sublayer, norm in zip(sublayers, self.norms, strict=True):
-      x = norm(x + sublayer(x)) if self.post_ln else x + sublayer(norm(x))
-    return x
+      if self.post_ln:
+        x = norm(x + sublayer(x))
+      elif pending is None:
+        pending = sublayer(norm(x))
+      else:
+        y, x = norm(pending, residual=x)
+        pending = sublayer(y)
+    return x, pending
 
 
 class NNXCharTransformer(nnx.Module):
@@ -139,9 +159,12 @@ class NNXCharTransformer(nnx.Module):
   def __call__(self, tokens):
     x = self.tokens(tokens) + self.positions(jnp.arange(tokens.shape[-1]))[None]
     mask = nnx.make_causal_mask(tokens)
+    pending = None
     for block in self.blocks:
-      x = block(x, mask)
-    return self.readout(x if self.final is None else self.final(x))
+      x, pending = block(x, mask, pending)
+    if self.final is not None:
+      x = self.final(x) if pending is None else self.final(pending, residual=x)[0]
+    return self.readout(x)
 
 
 def linen_trainer(model: CharTransformer, seed: int, tx):
