@@ -233,6 +233,58 @@ def _shifted_moments(x, axes, inv_n, groups, shifts):
   return a + d1, jnp.maximum(s2 - d2 * d2, 0)
 
 
+def _gather(value, axis_name, axis_index_groups):
+  """``value`` of every member of ``axis_name`` (or of this member's group), stacked on a
+  new leading axis, as one ``psum``: each member writes its value into its own slot of
+  zeros. A ``psum`` result is the same on every member in ``shard_map``'s type system (an
+  ``all_gather``'s is not, so ``out_specs=P()`` on the statistics would be refused)."""
+  index = lax.axis_index(axis_name)
+  if axis_index_groups is None:
+    size = lax.psum(1, axis_name)
+  else:
+    size = len(axis_index_groups[0])
+    position = {i: p for group in axis_index_groups for p, i in enumerate(group)}
+    table = jnp.asarray([position[i] for i in range(len(position))], jnp.int32)
+    index = table[index]
+  slots = jnp.zeros((size,) + value.shape, value.dtype)
+  slots = lax.dynamic_update_index_in_dim(slots, value, index, 0)
+  return lax.psum(slots, axis_name, axis_index_groups=axis_index_groups)
+
+
+def _gathered_moments(x, axes, center, mask, groups, axis_name, axis_index_groups):
+  """Exact statistics across devices in one collective. Each device computes its own
+  count ``nᵢ``, mean ``μᵢ`` and sum of squared deviations ``M2ᵢ`` (two local passes); one
+  gather of that small stack (:func:`_gather`), then Chan, Golub & LeVeque's parallel
+  combination:
+  ``n = Σnᵢ``, ``μ = Σnᵢμᵢ/n``, ``M2 = ΣM2ᵢ + Σnᵢ|μᵢ − μ|²`` — no offset is squared, devices
+  with no valid element (``nᵢ = 0``) drop out, and every device gets the same result.
+  (Two ``psum``s — sums, then deviations from the global mean — cost two collectives.)"""
+  cdt = count_dtype(x.dtype)
+  if mask is None:
+    n_local = math.prod(x.shape[a] for a in axes)
+    n_local *= 1 if groups is None else x.shape[groups[0]] // groups[1]
+    kept = tuple(1 if a in axes else d for a, d in enumerate(x.shape))
+    count = jnp.full(kept, n_local, cdt)
+    valid = None
+  else:
+    valid = broadcast_mask(mask, x.shape)
+    count = group_sum(valid, axes, groups, dtype=cdt)
+  inv_n = 1.0 / jnp.maximum(count, 1)
+  mean = group_sum(x if valid is None else jnp.where(valid, x, 0), axes, groups) * inv_n
+  if not center:
+    mean = jnp.zeros_like(mean)
+  dev = x - mean
+  m2 = group_sum(abs_sq(dev if valid is None else jnp.where(valid, dev, 0)), axes, groups)
+  stacked = jnp.stack(jnp.broadcast_arrays(count.astype(mean.dtype), mean, m2.astype(mean.dtype)))
+  gathered = _gather(stacked, axis_name, axis_index_groups)
+  counts, means, m2s = gathered[:, 0].real.astype(cdt), gathered[:, 1], gathered[:, 2].real
+  total = counts.sum(0)
+  safe = jnp.maximum(total, 1)
+  mean = (counts * means).sum(0) / safe
+  m2 = m2s.sum(0) + (counts * abs_sq(means - mean[None])).sum(0)
+  return mean, m2 / safe, total
+
+
 def group_moments(
   x, axes, center, mask, axis_name, axis_index_groups, groups=None, shifts="checked"
 ):
@@ -241,9 +293,9 @@ def group_moments(
 
   The variance is always centred-accurate: on one device without a mask it comes from
   :func:`_checked_moments` (``shifts="checked"``) or :func:`_shifted_moments` (``shifts``
-  from :func:`shifts`, or None for the two-pass formula); with a mask, across devices, for
-  complex or empty inputs from the two-pass formula (count-weighted ``psum`` of the sums,
-  then of the squared deviations). Counts, ``1/n`` and every sum are in at least float32
+  from :func:`shifts`, or None for the two-pass formula); with a mask, for complex or empty
+  inputs from the two-pass formula; across devices from each device's exact two-pass
+  statistics combined in one collective (:func:`_gathered_moments`). Counts, ``1/n`` and every sum are in at least float32
   (:func:`count_dtype`); the mean comes back in ``x``'s dtype, the variance in its real
   dtype, the count in the count dtype.
   """
@@ -261,6 +313,9 @@ def group_moments(
 
   def result(mean, var, count):
     return Moments(mean.astype(out_dtype), var.astype(real_dtype(out_dtype)), count)
+
+  if axis_name is not None:
+    return result(*_gathered_moments(x, axes, center, mask, groups, axis_name, axis_index_groups))
 
   if mask is None:
     n_local = math.prod(x.shape[a] for a in axes) * per_group

@@ -4,6 +4,7 @@ same norm on one device over the concatenated data (and the float64 reference), 
 unequal counts and empty devices included, gradients included."""
 
 import functools
+import re
 
 import flax.linen as nn
 import jax
@@ -249,3 +250,40 @@ def test_data_parallel_example_matches_one_device(capsys):
   assert result["devices"] == N_DEV and result["losses_match"]
   assert result["max_loss_difference"] < 1e-5
   assert result["final_loss"] < result["initial_loss"]
+
+
+def _collectives(lib, mesh, differentiate):
+  """(all-reduce, all-gather) ops in the compiled HLO of a shard_map BatchNorm step."""
+  x = jnp.ones((8 * N_DEV, 16))
+  bn = lib.BatchNorm(use_running_average=False, axis_name="d")
+  variables = bn.init(jax.random.key(0), x[:8])
+
+  def forward(params, x):
+    y, upd = bn.apply({**variables, "params": params}, x, mutable=["batch_stats"])
+    return jnp.sum(y**2), upd
+
+  def step(params, x):
+    if differentiate:  # w.r.t. the input too, as inside a network
+      return jax.value_and_grad(forward, argnums=(0, 1), has_aux=True)(params, x)
+    return forward(params, x)
+
+  mapped = jax.jit(
+    jax.shard_map(step, mesh=mesh, in_specs=(P(), P("d")), out_specs=P(), check_vma=False)
+  )
+  args = (
+    jax.device_put(variables["params"], NamedSharding(mesh, P())),
+    jax.device_put(x, NamedSharding(mesh, P("d"))),
+  )
+  with jax.set_mesh(mesh):
+    hlo = mapped.lower(*args).compile().as_text()
+  return tuple(len(re.findall(rf" {op}(?:-start)?\(", hlo)) for op in ("all-reduce", "all-gather"))
+
+
+def test_one_collective_per_direction(mesh):
+  """Exact statistics in one collective forward (each device's count, mean and M2, combined
+  with Chan's formula) and one backward: no more than Flax's approximate pmean."""
+  forward = _collectives(jaxnorm, mesh, False)
+  step = _collectives(jaxnorm, mesh, True)
+  assert sum(forward) == 1, forward
+  assert sum(step) == 2, step
+  assert sum(step) <= sum(_collectives(nn, mesh, True))
