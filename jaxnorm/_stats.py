@@ -295,9 +295,9 @@ def group_moments(
   :func:`_checked_moments` (``shifts="checked"``) or :func:`_shifted_moments` (``shifts``
   from :func:`shifts`, or None for the two-pass formula); with a mask, for complex or empty
   inputs from the two-pass formula; across devices from each device's exact two-pass
-  statistics combined in one collective (:func:`_gathered_moments`). Counts, ``1/n`` and every sum are in at least float32
-  (:func:`count_dtype`); the mean comes back in ``x``'s dtype, the variance in its real
-  dtype, the count in the count dtype.
+  statistics combined in one collective (:func:`_gathered_moments`). Counts, ``1/n`` and
+  every sum are in at least float32 (:func:`count_dtype`); the mean comes back in ``x``'s
+  dtype, the variance in its real dtype, the count in the count dtype.
   """
   out_dtype = x.dtype
   # Half precision (force_float32_reductions=False) is summed in float32 and rounded at the
