@@ -251,33 +251,28 @@ def _gather(value, axis_name, axis_index_groups):
   return lax.psum(slots, axis_name, axis_index_groups=axis_index_groups)
 
 
-def _gathered_moments(x, axes, center, mask, groups, axis_name, axis_index_groups):
-  """Exact statistics across devices in one collective. Each device computes its own
-  count ``nᵢ``, mean ``μᵢ`` and sum of squared deviations ``M2ᵢ`` (two local passes); one
-  gather of that small stack (:func:`_gather`), then Chan, Golub & LeVeque's parallel
-  combination:
-  ``n = Σnᵢ``, ``μ = Σnᵢμᵢ/n``, ``M2 = ΣM2ᵢ + Σnᵢ|μᵢ − μ|²`` — no offset is squared, devices
-  with no valid element (``nᵢ = 0``) drop out, and every device gets the same result.
-  (Two ``psum``s — sums, then deviations from the global mean — cost two collectives.)"""
-  cdt = count_dtype(x.dtype)
-  if mask is None:
-    n_local = math.prod(x.shape[a] for a in axes)
-    n_local *= 1 if groups is None else x.shape[groups[0]] // groups[1]
-    kept = tuple(1 if a in axes else d for a, d in enumerate(x.shape))
-    count = jnp.full(kept, n_local, cdt)
-    valid = None
+def _two_pass(x, axes, groups, center, valid, inv_n):
+  """Mean and sum of squared deviations ``M2 = Σ|x − μ|²`` of the valid elements (all when
+  ``valid`` is None), in two passes; without centering the mean is 0 and ``M2 = Σ|x|²``."""
+  if center:
+    mean = group_sum(x if valid is None else jnp.where(valid, x, 0), axes, groups) * inv_n
+    dev = x - mean
   else:
-    valid = broadcast_mask(mask, x.shape)
-    count = group_sum(valid, axes, groups, dtype=cdt)
-  inv_n = 1.0 / jnp.maximum(count, 1)
-  mean = group_sum(x if valid is None else jnp.where(valid, x, 0), axes, groups) * inv_n
-  if not center:
-    mean = jnp.zeros_like(mean)
-  dev = x - mean
-  m2 = group_sum(abs_sq(dev if valid is None else jnp.where(valid, dev, 0)), axes, groups)
+    mean = jnp.zeros(inv_n.shape, x.dtype)
+    dev = x
+  return mean, group_sum(abs_sq(dev if valid is None else jnp.where(valid, dev, 0)), axes, groups)
+
+
+def _combine_devices(count, mean, m2, axis_name, axis_index_groups):
+  """Exact statistics across devices in one collective: each device's count ``nᵢ``, mean
+  ``μᵢ`` and ``M2ᵢ`` gathered (:func:`_gather`), then Chan, Golub & LeVeque's parallel
+  combination ``n = Σnᵢ``, ``μ = Σnᵢμᵢ/n``, ``M2 = ΣM2ᵢ + Σnᵢ|μᵢ − μ|²`` — no offset is
+  squared, devices with no valid element (``nᵢ = 0``) drop out, and every device gets the
+  same result. (Two ``psum``s — sums, then deviations from the global mean — cost two
+  collectives.) Returns ``(mean, var, count)``."""
   stacked = jnp.stack(jnp.broadcast_arrays(count.astype(mean.dtype), mean, m2.astype(mean.dtype)))
   gathered = _gather(stacked, axis_name, axis_index_groups)
-  counts, means, m2s = gathered[:, 0].real.astype(cdt), gathered[:, 1], gathered[:, 2].real
+  counts, means, m2s = gathered[:, 0].real.astype(count.dtype), gathered[:, 1], gathered[:, 2].real
   total = counts.sum(0)
   safe = jnp.maximum(total, 1)
   mean = (counts * means).sum(0) / safe
@@ -294,10 +289,10 @@ def group_moments(
   The variance is always centred-accurate: on one device without a mask it comes from
   :func:`_checked_moments` (``shifts="checked"``) or :func:`_shifted_moments` (``shifts``
   from :func:`shifts`, or None for the two-pass formula); with a mask, for complex or empty
-  inputs from the two-pass formula; across devices from each device's exact two-pass
-  statistics combined in one collective (:func:`_gathered_moments`). Counts, ``1/n`` and
-  every sum are in at least float32 (:func:`count_dtype`); the mean comes back in ``x``'s
-  dtype, the variance in its real dtype, the count in the count dtype.
+  inputs from the two-pass formula (:func:`_two_pass`); across devices from each device's
+  two-pass statistics combined in one collective (:func:`_combine_devices`). Counts,
+  ``1/n`` and every sum are in at least float32 (:func:`count_dtype`); the mean comes back
+  in ``x``'s dtype, the variance in its real dtype, the count in the count dtype.
   """
   out_dtype = x.dtype
   # Half precision (force_float32_reductions=False) is summed in float32 and rounded at the
@@ -306,44 +301,26 @@ def group_moments(
   cdt = count_dtype(x.dtype)
   if jnp.iscomplexobj(x) or x.size == 0:
     shifts = None
-  per_group = 1 if groups is None else x.shape[groups[0]] // groups[1]
-
-  def total(z):
-    return psum(group_sum(z, axes, groups), axis_name, axis_index_groups)
+  valid = None if mask is None else broadcast_mask(mask, x.shape)
+  if valid is None:
+    per_group = 1 if groups is None else x.shape[groups[0]] // groups[1]
+    kept = tuple(1 if a in axes else d for a, d in enumerate(x.shape))
+    count = jnp.full(kept, math.prod(x.shape[a] for a in axes) * per_group, cdt)
+  else:
+    count = group_sum(valid, axes, groups, dtype=cdt)
+  inv_n = 1.0 / jnp.maximum(count, 1)
 
   def result(mean, var, count):
     return Moments(mean.astype(out_dtype), var.astype(real_dtype(out_dtype)), count)
 
-  if axis_name is not None:
-    return result(*_gathered_moments(x, axes, center, mask, groups, axis_name, axis_index_groups))
-
-  if mask is None:
-    n_local = math.prod(x.shape[a] for a in axes) * per_group
-    count = psum(jnp.asarray(n_local, cdt), axis_name, axis_index_groups)
-    kept = tuple(1 if a in axes else d for a, d in enumerate(x.shape))
-    count = jnp.broadcast_to(count, kept)
-    inv_n = 1.0 / jnp.maximum(count, 1)
-    if center and axis_name is None:
-      if isinstance(shifts, str):  # the undifferentiated forward: see _checked_moments
-        return result(*_checked_moments(x, axes, inv_n, groups), count)
-      return result(*_shifted_moments(x, axes, inv_n, groups, shifts), count)
-    mean = total(x) * inv_n if center else jnp.zeros_like(inv_n)
-    dev = x - mean if center else x
-    return result(mean, total(abs_sq(dev)) * inv_n, count)
-
-  valid = broadcast_mask(mask, x.shape)
-  count = group_sum(valid, axes, groups, dtype=cdt)
-  if center:
-    sums = group_sum(jnp.where(valid, x, 0), axes, groups)
-    count, sums = psum((count, sums), axis_name, axis_index_groups)
-    mean = sums / jnp.maximum(count, 1)
-    dev = jnp.where(valid, x - mean, 0)
-  else:
-    count = psum(count, axis_name, axis_index_groups)
-    mean = jnp.zeros_like(count)
-    dev = jnp.where(valid, x, 0)
-  var = total(abs_sq(dev)) / jnp.maximum(count, 1)
-  return result(mean, var, count)
+  if valid is None and center and axis_name is None:
+    if isinstance(shifts, str):  # the undifferentiated forward: see _checked_moments
+      return result(*_checked_moments(x, axes, inv_n, groups), count)
+    return result(*_shifted_moments(x, axes, inv_n, groups, shifts), count)
+  mean, m2 = _two_pass(x, axes, groups, center, valid, inv_n)
+  if axis_name is None:
+    return result(mean, m2 * inv_n, count)
+  return result(*_combine_devices(count, mean, m2, axis_name, axis_index_groups))
 
 
 def moments(
