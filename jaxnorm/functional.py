@@ -112,6 +112,17 @@ def affine(
   return y
 
 
+def zero_centered_init(init: Any) -> Any:
+  """The initializer of a zero-centred scale (``y = (1 + γ)·x̂``): ``init(...) − 1``, so
+  that the effective scale starts where ``init`` puts it (RMSNorm's
+  ``zero_centered_scale``, Gemma-style)."""
+
+  def zero_centered(key, shape, dtype=jnp.float32):
+    return init(key, shape, dtype) - 1
+
+  return zero_centered
+
+
 def normalize(
   x: jax.Array,
   axes: Axes,

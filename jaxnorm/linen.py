@@ -266,10 +266,7 @@ class RMSNorm(nn.RMSNorm):
     feat = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
     scale_init = self.scale_init
     if self.zero_centered_scale:
-
-      def scale_init(key, shape, dtype, init=self.scale_init):
-        return init(key, shape, dtype) - 1
-
+      scale_init = F.zero_centered_init(scale_init)
     scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias, scale_init)
     kw = dict(
       reduction_axes=self.reduction_axes,

@@ -86,9 +86,11 @@ def _common(module, mask):
   )
 
 
-def _feature_shape(x, feature_axes):
+def _onto_features(x, feature_axes, *params):
+  """Each of ``params`` (``(num_features,)`` or None) laid onto the feature axes of ``x``."""
   feat = canonicalize_axes(feature_axes, jnp.ndim(x), name="feature_axes")
-  return tuple(jnp.shape(x)[a] for a in feat)
+  shape = tuple(jnp.shape(x)[a] for a in feat)
+  return tuple(_onto(p, shape) for p in params)
 
 
 def _use_running_average(argument, attribute):
@@ -200,8 +202,7 @@ class BatchNorm(nnx.BatchNorm):
     running = (mean, var) if use_ra else stored
     y, updated = batch_norm_step(
       x,
-      _onto(scale, _feature_shape(x, feat)),
-      _onto(bias, _feature_shape(x, feat)),
+      *_onto_features(x, feat, scale, bias),
       *(_onto(s, shape) for s in running),
       use_running_average=use_ra,
       momentum=self.momentum,
@@ -279,10 +280,7 @@ class LayerNorm(nnx.LayerNorm):
     """Applies layer normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`); with a
     ``residual``, Add & Norm returning ``(y, h)`` (see :func:`jaxnorm.add_layer_norm`)."""
     x, scale, bias = self.promote_dtype((x, _read(self.scale), _read(self.bias)), dtype=self.dtype)
-    args = (
-      _onto(scale, _feature_shape(x, self.feature_axes)),
-      _onto(bias, _feature_shape(x, self.feature_axes)),
-    )
+    args = _onto_features(x, self.feature_axes, scale, bias)
     kw = dict(
       reduction_axes=self.reduction_axes, feature_axes=self.feature_axes, **_common(self, mask)
     )
@@ -333,10 +331,7 @@ class RMSNorm(nnx.RMSNorm):
     residual_dtype: Dtype | None = None,
   ):
     if zero_centered_scale:
-
-      def scale_init(key, shape, dtype, init=scale_init):
-        return init(key, shape, dtype) - 1
-
+      scale_init = F.zero_centered_init(scale_init)
     _affine_params(self, num_features, use_scale, use_bias, scale_init, bias_init,
                    param_dtype=param_dtype, rngs=rngs, scale_metadata=scale_metadata,
                    bias_metadata=bias_metadata, empty=nnx.data(None))  # fmt: skip
@@ -373,10 +368,7 @@ class RMSNorm(nnx.RMSNorm):
       zero_centered_scale=self.zero_centered_scale,
       **_common(self, mask),
     )
-    args = (
-      _onto(scale, _feature_shape(x, self.feature_axes)),
-      _onto(bias, _feature_shape(x, self.feature_axes)),
-    )
+    args = _onto_features(x, self.feature_axes, scale, bias)
     if residual is None:
       return F.rms_norm(x, *args, **kw)
     return F.add_rms_norm(x, residual, *args, residual_dtype=self.residual_dtype, **kw)
@@ -517,8 +509,7 @@ class InstanceNorm(nnx.InstanceNorm):
     x, scale, bias = self.promote_dtype((x, _read(self.scale), _read(self.bias)), dtype=self.dtype)
     return F.instance_norm(
       x,
-      _onto(scale, _feature_shape(x, self.feature_axes)),
-      _onto(bias, _feature_shape(x, self.feature_axes)),
+      *_onto_features(x, self.feature_axes, scale, bias),
       feature_axes=self.feature_axes,
       **_common(self, mask),
     )
