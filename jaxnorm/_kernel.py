@@ -308,7 +308,7 @@ def _complex_normalize(x, scale, bias, mask, cfg):
   """Complex inputs (Flax's semantics: complex mean, real variance ``E|x − μ|²``) take the
   exact two-pass statistics and JAX's own derivative: the closed-form rule above is
   written for real arithmetic."""
-  y, stats, _ = _primal(x, scale, bias, mask, cfg, differentiated=True)
+  y, stats, _ = _primal(x, scale, bias, mask, cfg)  # (complex: two passes, see group_moments)
   return y, stats
 
 
