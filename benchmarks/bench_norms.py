@@ -1,21 +1,27 @@
 """The benchmark suite: every norm, jaxnorm vs flax.linen vs plain jnp, time and traffic.
 
 For each norm (BatchNorm training and inference, LayerNorm, RMSNorm, GroupNorm,
-InstanceNorm) at Transformer shapes (B, T, D) with D in {768, 4096} and an NHWC CNN shape
-whose working set exceeds the CPU caches, it measures the forward pass and the
-forward+backward pass (a VJP with a random cotangent, gradients w.r.t. the input and the
-parameters), each jit-compiled:
+InstanceNorm, and Add & Norm of LayerNorm and RMSNorm) at Transformer shapes (B, T, D) with
+D in {768, 4096} and an NHWC CNN shape whose working set exceeds the CPU caches, in float32
+and in mixed precision (bfloat16 activations, float32 parameters and statistics), it
+measures the forward pass and the forward+backward pass (a VJP with a random cotangent,
+gradients w.r.t. the input and the parameters), each jit-compiled:
 
 - time: runs interleaved after compilation (A B C C B A ...), medians, ratios to Flax;
+- the floor: in the same interleaved loop, kernels of the least traffic a norm can have
+  (forward: read x, write y, 2|x|; forward+backward: that and read x and dy, write dx,
+  5|x|), and every case's time as a multiple of its floor;
 - traffic: XLA's ``cost_analysis()`` bytes accessed and ``memory_analysis()`` temporaries,
-  as multiples of |x| (the input's bytes);
-- achieved bandwidth: bytes accessed / time, as a fraction of what a same-run reference
-  kernel of known traffic (read x, write y: 2|x|) achieves on this machine.
+  as multiples of |x| (the input's bytes).
+
+Add & Norm is jaxnorm's fused call (``LayerNorm(...)(x, residual=r)``, the residual stream
+in float32) against Flax's separate ``h = x + r`` and norm.
 
 Writes ``bench_norms.json``, ``bench_norms.md`` (tables) and ``bench_norms.png`` into
 ``--out`` and says which device it measured; runs unchanged on a GPU or TPU.
 
   python benchmarks/bench_norms.py [--out benchmarks/results] [--repeats 15] [--quick]
+      [--dtypes float32 bfloat16] [--only layer/tfm768 group]
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ SHAPES = {
   "cnn": (32, 56, 56, 64),
 }
 QUICK_SHAPES = {"tfm768": (4, 128, 768), "tfm4096": (1, 128, 4096), "cnn": (8, 28, 28, 64)}
+# float32 throughout, and mixed precision: bfloat16 activations (input, output, cotangent)
+# with float32 parameters and statistics (``dtype=bfloat16``, Flax's default param_dtype).
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def _plain_stats(x, axes):
@@ -47,15 +56,16 @@ def _plain_stats(x, axes):
   return mean, ((x - mean) ** 2).mean(axes, keepdims=True)
 
 
-def _plain(kind):
-  """A hand-written jnp version of each norm: two-pass statistics, autodiff backward."""
+def _plain(kind, dtype):
+  """A hand-written jnp version of each norm: two-pass float32 statistics, autodiff backward."""
 
   def affine(y, p, shape):
     return y * p["scale"].reshape(shape) + p["bias"].reshape(shape)
 
-  def fn(p, x):
+  def norm(p, x):
     c = x.shape[-1]
     shape = (1,) * (x.ndim - 1) + (c,)
+    x = x.astype(jnp.float32)
     if kind in ("batch_train", "batch_eval"):
       axes = tuple(range(x.ndim - 1))
       if kind == "batch_eval":
@@ -63,11 +73,11 @@ def _plain(kind):
       else:
         mean, var = _plain_stats(x, axes)
       return affine((x - mean) * jax.lax.rsqrt(var + 1e-5), p, shape)
-    if kind == "layer":
+    if kind in ("layer", "add_layer"):
       axes = tuple(range(1, x.ndim)) if x.ndim == 4 else (-1,)
       mean, var = _plain_stats(x, axes)
       return affine((x - mean) * jax.lax.rsqrt(var + 1e-6), p, shape)
-    if kind == "rms":
+    if kind in ("rms", "add_rms"):
       ms = (x * x).mean(-1, keepdims=True)
       return x * jax.lax.rsqrt(ms + 1e-6) * p["scale"].reshape(shape)
     if kind == "instance":
@@ -79,22 +89,30 @@ def _plain(kind):
       return affine(((g - mean) * jax.lax.rsqrt(var + 1e-6)).reshape(x.shape), p, shape)
     raise ValueError(kind)
 
+  def fn(p, x):
+    if kind.startswith("add_"):
+      x, residual = x
+      h = x.astype(jnp.float32) + residual
+      return norm(p, h).astype(dtype), h
+    return norm(p, x).astype(dtype)
+
   return fn
 
 
-def _module(lib, kind, ndim):
+def _module(lib, kind, ndim, dtype):
+  kw = {} if dtype == jnp.float32 else {"dtype": dtype}
   if kind == "batch_train":
-    return lib.BatchNorm(use_running_average=False)
+    return lib.BatchNorm(use_running_average=False, **kw)
   if kind == "batch_eval":
-    return lib.BatchNorm(use_running_average=True)
-  if kind == "layer":
-    return lib.LayerNorm(reduction_axes=(1, 2, 3)) if ndim == 4 else lib.LayerNorm()
-  if kind == "rms":
-    return lib.RMSNorm()
+    return lib.BatchNorm(use_running_average=True, **kw)
+  if kind in ("layer", "add_layer"):
+    return lib.LayerNorm(reduction_axes=(1, 2, 3), **kw) if ndim == 4 else lib.LayerNorm(**kw)
+  if kind in ("rms", "add_rms"):
+    return lib.RMSNorm(**kw)
   if kind == "group":
-    return lib.GroupNorm(num_groups=32)
+    return lib.GroupNorm(num_groups=32, **kw)
   if kind == "instance":
-    return lib.InstanceNorm()
+    return lib.InstanceNorm(**kw)
   raise ValueError(kind)
 
 
@@ -107,15 +125,31 @@ CASES = [  # (norm, shape)
     ("group", "cnn"),
     ("instance", "cnn"),
   ),
+  # Add & Norm of a Pre-LN block: jaxnorm's fused call against Flax's separate add and norm,
+  # the residual stream h kept in float32.
+  *((k, s) for s in ("tfm768", "tfm4096") for k in ("add_layer", "add_rms")),
 ]
 
 
-def build(kind, x):
-  """Returns {impl: (forward, fwd+bwd, params)} for jaxnorm, flax and plain jnp."""
+def inputs(kind, shape, dtype):
+  """The input (a pair ``(x, residual)`` for Add & Norm, the residual in float32) and a
+  random cotangent of the output (a pair for Add & Norm)."""
+  x = jax.random.normal(jax.random.key(1), shape, jnp.float32).astype(dtype)
+  cot = jax.random.normal(jax.random.key(2), shape, jnp.float32).astype(dtype)
+  if not kind.startswith("add_"):
+    return x, cot
+  residual = jax.random.normal(jax.random.key(3), shape, jnp.float32)
+  return (x, residual), (cot, jax.random.normal(jax.random.key(4), shape, jnp.float32))
+
+
+def build(kind, x, dtype):
+  """Returns {impl: (forward, fwd+bwd, args)} for jaxnorm, flax and plain jnp."""
+  add = kind.startswith("add_")
+  x0 = x[0] if add else x
   impls = {}
   for name, lib in (("jaxnorm", jaxnorm), ("flax", nn)):
-    module = _module(lib, kind, x.ndim)
-    variables = _module(nn, kind, x.ndim).init(jax.random.key(0), x)
+    module = _module(lib, kind, x0.ndim, dtype)
+    variables = _module(nn, kind, x0.ndim, dtype).init(jax.random.key(0), x0)
     if "batch_stats" in variables:  # non-trivial running statistics for inference
       variables["batch_stats"] = {
         "mean": jnp.full_like(variables["batch_stats"]["mean"], 0.1),
@@ -124,16 +158,22 @@ def build(kind, x):
     rest = {k: v for k, v in variables.items() if k != "params"}
     mutable = ["batch_stats"] if kind == "batch_train" else False
 
-    def forward(params, x, rest, module=module, mutable=mutable):
-      out = module.apply({"params": params, **rest}, x, mutable=mutable)
+    def forward(params, x, rest, module=module, mutable=mutable, name=name):
+      v = {"params": params, **rest}
+      if add and name == "jaxnorm":
+        return module.apply(v, x[0], residual=x[1])
+      if add:  # Flax: the add, then the norm
+        h = x[0].astype(jnp.float32) + x[1]
+        return module.apply(v, h), h
+      out = module.apply(v, x, mutable=mutable)
       return out[0] if mutable else out
 
     impls[name] = (forward, variables["params"], rest)
-  plain = _plain(kind)
+  plain = _plain(kind, dtype)
   params = dict(impls["flax"][1])
   rest = {}
   if kind == "batch_eval":
-    rest = {"mean": jnp.full(x.shape[-1], 0.1), "var": jnp.full(x.shape[-1], 1.5)}
+    rest = {"mean": jnp.full(x0.shape[-1], 0.1), "var": jnp.full(x0.shape[-1], 1.5)}
   impls["jnp"] = (lambda p, x, rest: plain({**p, **rest}, x), params, rest)
 
   # Running statistics are arguments of the compiled step, as in a real training or
@@ -147,6 +187,20 @@ def build(kind, x):
 
     out[name] = (jax.jit(forward), jax.jit(fwd_bwd), (params, x, rest))
   return out
+
+
+def floors(x):
+  """The machine's floor for one norm's traffic, as zero-argument calls timed in the same
+  interleaved loop as the cases: forward, one kernel that reads x and writes y (2|x|);
+  forward+backward, that kernel and one that reads x and dy and writes dx (5|x|)."""
+  x = x[0] if isinstance(x, tuple) else x
+  y = jax.jit(lambda x: x * 1.0001 + 0.5)
+  dx = jax.jit(lambda x, dy: x * dy + dy)
+
+  def both():
+    return y(x), dx(x, x)
+
+  return {"forward": lambda: y(x), "fwd+bwd": both}
 
 
 def analyse(fn, args, nbytes):
@@ -172,63 +226,72 @@ def timed(calls, repeats):
   return {k: float(np.median(v)) for k, v in times.items()}
 
 
-def reference_bandwidth(x, repeats):
-  """Bytes per second of a kernel that reads x and writes y once (2|x|), same run."""
-  copy = jax.jit(lambda x: x * 1.0001 + 0.5)
-  t = timed({"copy": lambda: copy(x)}, repeats)["copy"]
-  return 2 * x.nbytes / t
-
-
 def geomean(values):
   values = [v for v in values if v > 0 and math.isfinite(v)]
   return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
-def run(shapes, repeats):
+def run(shapes, repeats, dtypes, only=None):
   rows = []
-  for kind, shape_name in CASES:
-    x = jax.random.normal(jax.random.key(1), shapes[shape_name], jnp.float32)
-    cot = jax.random.normal(jax.random.key(2), x.shape, jnp.float32)
-    impls = build(kind, x)
-    bandwidth = reference_bandwidth(x, repeats)
-    for p, pass_name in ((0, "forward"), (1, "fwd+bwd")):
-      fns = {name: impl[p] for name, impl in impls.items()}
-      args = {name: impl[2] + ((cot,) if p else ()) for name, impl in impls.items()}
-      medians = timed({n: (lambda f=fns[n], a=args[n]: f(*a)) for n in fns}, repeats)
-      row = dict(norm=kind, shape=shape_name, dims=list(x.shape), pass_=pass_name)
-      for name in fns:
-        bytes_x, temp_x = analyse(fns[name], args[name], x.nbytes)
-        t = medians[name]
-        row[name] = dict(
-          ms=t * 1e3,
-          bytes_x=bytes_x,
-          temp_x=temp_x,
-          bandwidth_fraction=bytes_x * x.nbytes / t / bandwidth,
+  for dtype_name in dtypes:
+    dtype = DTYPES[dtype_name]
+    for kind, shape_name in CASES:
+      if only and not any(o in f"{kind}/{shape_name}" for o in only):
+        continue
+      x, cot = inputs(kind, shapes[shape_name], dtype)
+      x0 = x[0] if isinstance(x, tuple) else x
+      impls = build(kind, x, dtype)
+      floor = floors(x)
+      for p, pass_name in ((0, "forward"), (1, "fwd+bwd")):
+        fns = {name: impl[p] for name, impl in impls.items()}
+        args = {name: impl[2] + ((cot,) if p else ()) for name, impl in impls.items()}
+        calls = {n: (lambda f=fns[n], a=args[n]: f(*a)) for n in fns}
+        medians = timed({**calls, "floor": floor[pass_name]}, repeats)
+        row = dict(
+          norm=kind, shape=shape_name, dims=list(x0.shape), dtype=dtype_name, pass_=pass_name
         )
-      row["ratio_time"] = row["jaxnorm"]["ms"] / row["flax"]["ms"]
-      row["ratio_bytes"] = row["jaxnorm"]["bytes_x"] / row["flax"]["bytes_x"]
-      row["jnp_ratio_time"] = row["jnp"]["ms"] / row["flax"]["ms"]
-      rows.append(row)
-      print(
-        f"{kind:12s} {shape_name:8s} {pass_name:8s} time {row['ratio_time']:.3f}  "
-        f"bytes {row['ratio_bytes']:.3f}  (jaxnorm {row['jaxnorm']['bytes_x']:.1f}|x|, "
-        f"flax {row['flax']['bytes_x']:.1f}|x|, temp {row['jaxnorm']['temp_x']:.1f} vs "
-        f"{row['flax']['temp_x']:.1f}|x|)",
-        flush=True,
-      )
+        row["floor_ms"] = medians["floor"] * 1e3
+        for name in fns:
+          bytes_x, temp_x = analyse(fns[name], args[name], x0.nbytes)
+          t = medians[name]
+          row[name] = dict(ms=t * 1e3, bytes_x=bytes_x, temp_x=temp_x, floor_x=t / medians["floor"])
+        row["ratio_time"] = row["jaxnorm"]["ms"] / row["flax"]["ms"]
+        row["ratio_bytes"] = row["jaxnorm"]["bytes_x"] / row["flax"]["bytes_x"]
+        row["jnp_ratio_time"] = row["jnp"]["ms"] / row["flax"]["ms"]
+        rows.append(row)
+        print(
+          f"{dtype_name:8s} {kind:12s} {shape_name:8s} {pass_name:8s} "
+          f"time {row['ratio_time']:.3f}  bytes {row['ratio_bytes']:.3f}  "
+          f"floor x{row['jaxnorm']['floor_x']:.2f} (flax x{row['flax']['floor_x']:.2f})  "
+          f"(jaxnorm {row['jaxnorm']['bytes_x']:.1f}|x|, flax {row['flax']['bytes_x']:.1f}|x|, "
+          f"temp {row['jaxnorm']['temp_x']:.1f} vs {row['flax']['temp_x']:.1f}|x|)",
+          flush=True,
+        )
   return rows
 
 
 def summarize(rows):
+  """Per dtype and pass: geometric means over the norms (Add & Norm apart: it is compared
+  with Flax's separate add and norm), floor multiples, the worst single case."""
   out = {}
-  for pass_name in ("forward", "fwd+bwd"):
-    sel = [r for r in rows if r["pass_"] == pass_name]
-    out[pass_name] = dict(
-      time=geomean([r["ratio_time"] for r in sel]),
-      bytes=geomean([r["ratio_bytes"] for r in sel]),
-      jnp_time=geomean([r["jnp_ratio_time"] for r in sel]),
-      max_temp_excess_x=max(r["jaxnorm"]["temp_x"] - r["flax"]["temp_x"] for r in sel),
-    )
+  for dtype_name in dict.fromkeys(r["dtype"] for r in rows):
+    for pass_name in ("forward", "fwd+bwd"):
+      sel = [r for r in rows if r["pass_"] == pass_name and r["dtype"] == dtype_name]
+      norms = [r for r in sel if not r["norm"].startswith("add_")]
+      adds = [r for r in sel if r["norm"].startswith("add_")]
+      out[f"{dtype_name} {pass_name}"] = dict(
+        time=geomean([r["ratio_time"] for r in norms]),
+        bytes=geomean([r["ratio_bytes"] for r in norms]),
+        jnp_time=geomean([r["jnp_ratio_time"] for r in norms]),
+        floor=geomean([r["jaxnorm"]["floor_x"] for r in norms]),
+        flax_floor=geomean([r["flax"]["floor_x"] for r in norms]),
+        max_floor=max((r["jaxnorm"]["floor_x"] for r in norms), default=float("nan")),
+        max_time=max((r["ratio_time"] for r in sel), default=float("nan")),
+        add_norm_time=geomean([r["ratio_time"] for r in adds]),
+        max_temp_excess_x=max(
+          (r["jaxnorm"]["temp_x"] - r["flax"]["temp_x"] for r in sel), default=float("nan")
+        ),
+      )
   return out
 
 
@@ -246,31 +309,35 @@ def write(out_dir, rows, summary, device, args):
     json.dump(dict(meta=meta, summary=summary, rows=rows), f, indent=1)
   lines = [
     f"Device: {device}; jax {jax.__version__}; {os.cpu_count()} CPUs; medians of "
-    f"{args.repeats} interleaved runs.",
+    f"{args.repeats} interleaved runs. Floor: the same loop's copy kernel (forward, 2\\|x\\|) "
+    "or copy and a read-2-write-1 kernel (forward+backward, 5\\|x\\|).",
     "",
-    "| norm | shape | pass | jaxnorm ms | flax ms | jnp ms | time jaxnorm/flax | bytes "
-    "jaxnorm, flax (×\\|x\\|) | temp jaxnorm, flax (×\\|x\\|) | bandwidth fraction jaxnorm, "
-    "flax |",
-    "|---|---|---|---|---|---|---|---|---|---|",
+    "| dtype | norm | shape | pass | jaxnorm ms | flax ms | jnp ms | time jaxnorm/flax | "
+    "floor ×, jaxnorm, flax | bytes jaxnorm, flax (×\\|x\\|) | temp jaxnorm, flax (×\\|x\\|) |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     j, fl, p = r["jaxnorm"], r["flax"], r["jnp"]
     lines.append(
-      f"| {r['norm']} | {'×'.join(map(str, r['dims']))} | {r['pass_']} | {j['ms']:.2f} | "
-      f"{fl['ms']:.2f} | {p['ms']:.2f} | {r['ratio_time']:.3f} | {j['bytes_x']:.1f}, "
-      f"{fl['bytes_x']:.1f} | {j['temp_x']:.1f}, {fl['temp_x']:.1f} | "
-      f"{j['bandwidth_fraction']:.2f}, {fl['bandwidth_fraction']:.2f} |"
+      f"| {r['dtype']} | {r['norm']} | {'×'.join(map(str, r['dims']))} | {r['pass_']} | "
+      f"{j['ms']:.2f} | {fl['ms']:.2f} | {p['ms']:.2f} | {r['ratio_time']:.3f} | "
+      f"{j['floor_x']:.2f}, {fl['floor_x']:.2f} | {j['bytes_x']:.1f}, {fl['bytes_x']:.1f} | "
+      f"{j['temp_x']:.1f}, {fl['temp_x']:.1f} |"
     )
   lines += [
     "",
-    "| pass | time jaxnorm/flax | bytes jaxnorm/flax | time jnp/flax | "
-    "largest excess of temporaries over flax (×\\|x\\|) |",
-    "|---|---|---|---|---|",
+    "Geometric means over the norms (Add & Norm apart):",
+    "",
+    "| dtype, pass | time jaxnorm/flax | bytes jaxnorm/flax | floor × jaxnorm (flax) | "
+    "worst floor × | worst time ratio (any case) | Add & Norm time / flax add + norm | "
+    "time jnp/flax | largest excess of temporaries over flax (×\\|x\\|) |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]
-  for pass_name, s in summary.items():
+  for key, s in summary.items():
     lines.append(
-      f"| {pass_name} | {s['time']:.3f} | {s['bytes']:.3f} | {s['jnp_time']:.3f} | "
-      f"{s['max_temp_excess_x']:+.4f} |"
+      f"| {key} | {s['time']:.3f} | {s['bytes']:.3f} | {s['floor']:.2f} ({s['flax_floor']:.2f})"
+      f" | {s['max_floor']:.2f} | {s['max_time']:.3f} | {s['add_norm_time']:.3f} | "
+      f"{s['jnp_time']:.3f} | {s['max_temp_excess_x']:+.4f} |"
     )
   with open(os.path.join(out_dir, "bench_norms.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
@@ -280,22 +347,24 @@ def write(out_dir, rows, summary, device, args):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
-  for ax, pass_name in zip(axes, ("forward", "fwd+bwd"), strict=True):
-    sel = [r for r in rows if r["pass_"] == pass_name]
-    labels = [f"{r['norm']}\n{r['shape']}" for r in sel]
-    pos = np.arange(len(sel))
-    ax.bar(pos - 0.2, [r["ratio_time"] for r in sel], 0.4, label="time")
-    ax.bar(pos + 0.2, [r["ratio_bytes"] for r in sel], 0.4, label="bytes accessed")
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(pos, labels, rotation=60, fontsize=7)
-    ax.set_title(f"{pass_name}: jaxnorm / flax.linen")
-    ax.grid(axis="y", alpha=0.3)
-  axes[0].legend()
-  axes[0].set_ylabel("ratio (lower is better)")
+  dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+  fig, axes = plt.subplots(len(dtypes), 2, figsize=(14, 4.8 * len(dtypes)), squeeze=False)
+  for row_axes, dtype_name in zip(axes, dtypes, strict=True):
+    for ax, pass_name in zip(row_axes, ("forward", "fwd+bwd"), strict=True):
+      sel = [r for r in rows if r["pass_"] == pass_name and r["dtype"] == dtype_name]
+      labels = [f"{r['norm']}\n{r['shape']}" for r in sel]
+      pos = np.arange(len(sel))
+      ax.bar(pos - 0.2, [r["ratio_time"] for r in sel], 0.4, label="time")
+      ax.bar(pos + 0.2, [r["ratio_bytes"] for r in sel], 0.4, label="bytes accessed")
+      ax.axhline(1.0, color="k", lw=0.8)
+      ax.set_xticks(pos, labels, rotation=60, fontsize=7)
+      ax.set_title(f"{dtype_name} {pass_name}: jaxnorm / flax.linen")
+      ax.grid(axis="y", alpha=0.3)
+    row_axes[0].set_ylabel("ratio (lower is better)")
+  axes[0][0].legend()
   fig.suptitle(f"bench_norms on {device}")
   fig.tight_layout()
-  fig.savefig(os.path.join(out_dir, "bench_norms.png"), dpi=110)
+  fig.savefig(os.path.join(out_dir, "bench_norms.png"), dpi=100)
   plt.close(fig)
 
 
@@ -304,17 +373,20 @@ def main(argv=None):
   ap.add_argument("--out", default="benchmarks/results")
   ap.add_argument("--repeats", type=int, default=15)
   ap.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
+  ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+  ap.add_argument("--only", nargs="+", help="cases whose 'norm/shape' contains one of these")
   args = ap.parse_args(argv)
   dev = jax.devices()[0]
   device = f"{dev.platform}: {dev.device_kind} (×{len(jax.devices())})"
   print(f"measuring on {device}", flush=True)
-  rows = run(QUICK_SHAPES if args.quick else SHAPES, args.repeats)
+  rows = run(QUICK_SHAPES if args.quick else SHAPES, args.repeats, args.dtypes, args.only)
   summary = summarize(rows)
-  for pass_name, s in summary.items():
+  for key, s in summary.items():
     print(
-      f"geometric mean jaxnorm/flax, {pass_name}: time {s['time']:.3f}, bytes "
-      f"{s['bytes']:.3f}; jnp/flax time {s['jnp_time']:.3f}; largest excess of temporaries "
-      f"over flax {s['max_temp_excess_x']:+.4f}|x|"
+      f"{key}: geomean jaxnorm/flax time {s['time']:.3f}, bytes {s['bytes']:.3f}; floor "
+      f"x{s['floor']:.2f} (flax x{s['flax_floor']:.2f}), worst x{s['max_floor']:.2f}; worst "
+      f"time ratio {s['max_time']:.3f}; Add & Norm {s['add_norm_time']:.3f}; largest excess "
+      f"of temporaries {s['max_temp_excess_x']:+.4f}|x|"
     )
   write(args.out, rows, summary, device, args)
   print(json.dumps(dict(device=device, summary=summary)))

@@ -236,7 +236,7 @@ def _norm(
   if gamma is not None and zero_centered_scale:
     gamma = 1 + gamma
   y, stats = affine_normalize(
-    x.astype(cdt),
+    x,
     reduction_axes,
     gamma,
     beta,
@@ -247,6 +247,7 @@ def _norm(
     axis_name=axis_name,
     axis_index_groups=axis_index_groups,
     channel_groups=channel_groups,
+    dtype=cdt,
   )
   return y.astype(out_dtype), stats
 
