@@ -39,6 +39,7 @@ from jax import lax
 
 from jaxnorm._stats import (
   Moments,
+  apart,
   broadcast_mask,
   freeze_groups,
   group_moments,
@@ -57,6 +58,7 @@ class _Config(NamedTuple):
   axis_index_groups: Any
   channel_groups: tuple[int, int] | None = None
   dtype: Any = None  # the statistics' dtype, which x is converted to inside the kernel
+  out_dtype: Any = None  # the output's dtype
 
 
 def check_epsilon(epsilon: Any) -> float:
@@ -175,7 +177,7 @@ def _primal(x, scale, bias, mask, cfg, differentiated=False):
   y = (x - stats.mean) * g if cfg.center else x * g
   if bias is not None:
     y = y + bias
-  return y, stats, r
+  return y.astype(cfg.out_dtype), stats, r
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
@@ -239,23 +241,29 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   dyv = xv * (gammav * p)
   if cfg.center:
     dyv = dyv + gammav * _barrier(rv, -(rv * dmean + meanv * p))
+  gterm = None
   if dscale is not None:
     dscalev = v(dscale).astype(acc)
     if jnp.size(rv * dscalev) < xv.size:  # r·γ̇ is per feature (BatchNorm, CNN layouts)
       rs = rv * dscalev  # Σẏ·x then shares the reduction of the statistics' derivative
       dyv = dyv + (xv * rs - meanv * rs if cfg.center else xv * rs)
-    else:
-      dyv = dyv + ((xv - meanv) * rv if cfg.center else xv * rv) * dscalev
+    else:  # (its own reads of x and of the cotangent: see apart)
+      xg = xv if x.dtype == acc else -apart(v(x), acc)[1]
+      gterm = ((xg - meanv) * rv if cfg.center else xg * rv) * dscalev
   dy = dx * (gamma * r) + dyv.reshape(x.shape)
   if dbias is not None:
     dy = dy + dbias.astype(acc)
+  dy = dy.astype(y.dtype)
+  if gterm is not None:
+    gterm = gterm.reshape(x.shape).astype(y.dtype)
+    dy = dy + (gterm if y.dtype == acc else lax.optimization_barrier(gterm))
   kept = mean.shape
   dstats = Moments(
     dmean.reshape(kept).astype(mean.dtype),
     (2.0 * cov).reshape(kept).astype(var.dtype),
     jnp.zeros_like(count),
   )
-  return (y, stats), (dy.astype(y.dtype), dstats)
+  return (y, stats), (dy, dstats)
 
 
 def affine_normalize(
@@ -272,6 +280,7 @@ def affine_normalize(
   axis_index_groups: Any = None,
   channel_groups: tuple[int, int] | None = None,
   dtype: Any = None,
+  out_dtype: Any = None,
 ) -> tuple[jax.Array, Moments]:
   """Normalizes ``x`` over ``axes`` in ``dtype`` and applies ``γ, β``.
 
@@ -306,6 +315,7 @@ def affine_normalize(
     None if channel_groups is None else (int(channel_groups[0]), int(channel_groups[1])),
     jnp.dtype(x.dtype if dtype is None else dtype),
   )
+  cfg = cfg._replace(out_dtype=jnp.dtype(cfg.dtype if out_dtype is None else out_dtype))
   if mask is not None:
     mask = broadcast_mask(mask, x.shape)
   if jnp.issubdtype(cfg.dtype, jnp.complexfloating) or any(

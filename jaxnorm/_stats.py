@@ -178,7 +178,7 @@ def shifts(x, axes, groups=None):
   return tuple(out)
 
 
-def _apart(raw, dtype):
+def apart(raw, dtype):
   """``(x, −x, −1)``: ``raw`` converted to ``dtype``, as two expressions that XLA keeps apart.
 
   On XLA:CPU a reduction library fusion (YNNPACK) takes in no producer that has another
@@ -208,7 +208,7 @@ def _checked_moments(raw, dtype, axes, inv_n, groups=None):
   answer. ``raw`` is ``x`` before its conversion to ``dtype``: the fallback takes it as its
   operand, so that a converted half-precision input is not written out for it.
   """
-  x, other, _ = _apart(raw, dtype)
+  x, other, _ = apart(raw, dtype)
   mean = group_sum(x, axes, groups) * inv_n
   fast = jnp.maximum(group_sum(other * other, axes, groups) * inv_n - mean * mean, 0)
   limit = 2e-6 / float(jnp.finfo(dtype).eps)
@@ -217,7 +217,7 @@ def _checked_moments(raw, dtype, axes, inv_n, groups=None):
 
   def two_pass(operands):
     raw, mean, _ = operands
-    x, other, sign = _apart(raw, dtype)
+    x, other, sign = apart(raw, dtype)
     d, other_d = x - mean, other - sign * mean  # other_d = ±d
     shift = group_sum(d, axes, groups) * inv_n
     var = group_sum(other_d * other_d, axes, groups) * inv_n - shift * shift

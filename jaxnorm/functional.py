@@ -248,8 +248,9 @@ def _norm(
     axis_index_groups=axis_index_groups,
     channel_groups=channel_groups,
     dtype=cdt,
+    out_dtype=out_dtype,
   )
-  return y.astype(out_dtype), stats
+  return y, stats
 
 
 def layer_norm(
