@@ -40,6 +40,7 @@ from jax import lax
 from jaxnorm._stats import (
   Moments,
   apart,
+  barrier_on_cpu,
   broadcast_mask,
   freeze_groups,
   group_moments,
@@ -256,7 +257,7 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   dy = dy.astype(y.dtype)
   if gterm is not None:
     gterm = gterm.reshape(x.shape).astype(y.dtype)
-    dy = dy + (gterm if y.dtype == acc else lax.optimization_barrier(gterm))
+    dy = dy + (gterm if y.dtype == acc else barrier_on_cpu(gterm))
   kept = mean.shape
   dstats = Moments(
     dmean.reshape(kept).astype(mean.dtype),
