@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 
 import jax
 
@@ -32,8 +31,8 @@ jax.config.update("jax_num_cpu_devices", 8)
 
 import flax.linen as nn  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from bench_norms import timed  # noqa: E402  (the same interleaved timing)
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -170,20 +169,6 @@ def resnet_step(lib, batch=32):
 
   params = variables["params"]
   return step, (params, variables["batch_stats"], tx.init(params), x, y)
-
-
-def timed(calls, repeats):
-  """Median seconds of each zero-argument call, runs interleaved (A B B A ...)."""
-  for call in calls.values():
-    jax.block_until_ready(call())
-  times = {k: [] for k in calls}
-  order = list(calls)
-  for i in range(repeats):
-    for k in order if i % 2 == 0 else order[::-1]:
-      t0 = time.perf_counter()
-      jax.block_until_ready(calls[k]())
-      times[k].append(time.perf_counter() - t0)
-  return {k: float(np.median(v)) for k, v in times.items()}
 
 
 def main(argv=None):
