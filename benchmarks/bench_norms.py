@@ -190,10 +190,9 @@ def build(kind, x, dtype):
 
 
 def floors(x):
-  """The machine's floor for one norm's traffic, as zero-argument calls timed in the same
-  interleaved loop as the cases: forward, one kernel that reads x and writes y (2|x|);
-  forward+backward, that kernel and one that reads x and dy and writes dx (5|x|)."""
-  x = x[0] if isinstance(x, tuple) else x
+  """The machine's floor for the traffic of one norm of ``x``, as zero-argument calls timed
+  in the same interleaved loop as the cases: forward, one kernel that reads x and writes y
+  (2|x|); forward+backward, that kernel and one that reads x and dy and writes dx (5|x|)."""
   y = jax.jit(lambda x: x * 1.0001 + 0.5)
   dx = jax.jit(lambda x, dy: x * dy + dy)
 
@@ -241,7 +240,7 @@ def run(shapes, repeats, dtypes, only=None):
       x, cot = inputs(kind, shapes[shape_name], dtype)
       x0 = x[0] if isinstance(x, tuple) else x
       impls = build(kind, x, dtype)
-      floor = floors(x)
+      floor = floors(x0)
       for p, pass_name in ((0, "forward"), (1, "fwd+bwd")):
         fns = {name: impl[p] for name, impl in impls.items()}
         args = {name: impl[2] + ((cot,) if p else ()) for name, impl in impls.items()}

@@ -314,9 +314,9 @@ def affine_normalize(
     axis_name,
     freeze_groups(axis_index_groups),
     None if channel_groups is None else (int(channel_groups[0]), int(channel_groups[1])),
-    jnp.dtype(x.dtype if dtype is None else dtype),
+    dtype := jnp.dtype(x.dtype if dtype is None else dtype),
+    jnp.dtype(dtype if out_dtype is None else out_dtype),
   )
-  cfg = cfg._replace(out_dtype=jnp.dtype(cfg.dtype if out_dtype is None else out_dtype))
   if mask is not None:
     mask = broadcast_mask(mask, x.shape)
   if jnp.issubdtype(cfg.dtype, jnp.complexfloating) or any(

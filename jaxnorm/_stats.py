@@ -313,7 +313,7 @@ def _combine_devices(count, mean, m2, axis_name, axis_index_groups):
 def group_moments(
   x, axes, center, mask, axis_name, axis_index_groups, groups=None, shifts="checked", dtype=None
 ):
-  """Moments of ``x`` (already in the statistics' dtype) with the reduced dims kept; with
+  """Moments of ``x``, converted to ``dtype`` here, with the reduced dims kept; with
   ``groups = (axis, G)``, also over groups of channels (see :func:`group_sum`).
 
   The variance is always centred-accurate: on one device without a mask it comes from

@@ -406,17 +406,18 @@ def add_layer_norm(
   >>> y.tolist(), h.tolist()
   ([[-1.0, 1.0]], [[3.0, 7.0]])
   """
-  h = residual_sum(x, residual, residual_dtype)
-  y = layer_norm(
-    h,
+  return _add_norm(
+    layer_norm,
+    x,
+    residual,
     scale,
     bias,
+    residual_dtype,
     reduction_axes=reduction_axes,
     feature_axes=feature_axes,
     epsilon=epsilon,
     **_shared(mask, axis_name, axis_index_groups, dtype, force_float32_reductions),
   )
-  return y.astype(output_dtype(x, scale, bias, dtype=dtype)), h
 
 
 def add_rms_norm(
@@ -444,11 +445,13 @@ def add_rms_norm(
   >>> print(y, h)  # RMS of [3, 4] is sqrt(12.5)
   [[0.8485 1.1314]] [[3. 4.]]
   """
-  h = residual_sum(x, residual, residual_dtype)
-  y = rms_norm(
-    h,
+  return _add_norm(
+    rms_norm,
+    x,
+    residual,
     scale,
     bias,
+    residual_dtype,
     reduction_axes=reduction_axes,
     feature_axes=feature_axes,
     epsilon=epsilon,
@@ -456,7 +459,14 @@ def add_rms_norm(
     zero_centered_scale=zero_centered_scale,
     **_shared(mask, axis_name, axis_index_groups, dtype, force_float32_reductions),
   )
-  return y.astype(output_dtype(x, scale, bias, dtype=dtype)), h
+
+
+def _add_norm(norm, x, residual, scale, bias, residual_dtype, **kw):
+  """The body of both Add & Norm functions: ``h`` in ``residual_dtype``, ``y = norm(h)`` in
+  the dtype ``norm`` of ``x`` would have."""
+  h = residual_sum(x, residual, residual_dtype)
+  y = norm(h, scale, bias, **kw)
+  return y.astype(output_dtype(x, scale, bias, dtype=kw["dtype"])), h
 
 
 def residual_sum(x: Any, residual: Any, residual_dtype: Any = None) -> jax.Array:
