@@ -66,6 +66,7 @@ def batch_norm_step(
   axis_index_groups: Any = None,
   dtype: Any = None,
   force_float32_reductions: bool = True,
+  virtual_batch_size: int | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
   """One call of a BatchNorm layer, as a pure function: ``(y, new_running_stats)``.
 
@@ -97,6 +98,9 @@ def batch_norm_step(
     axis_index_groups: optional index groups along ``axis_name``.
     dtype: output dtype and minimum statistics dtype (default: inferred as in Flax).
     force_float32_reductions: compute statistics in at least float32.
+    virtual_batch_size: in training, statistics per sub-batch of this many examples
+      (:func:`jaxnorm.batch_norm`); the running averages follow the sub-batches' mean
+      statistics. Not used at ``init`` (whose dummy batch may be smaller) nor at inference.
 
   Returns:
     ``(y, (new_mean, new_var))`` in training, ``(y, None)`` otherwise.
@@ -134,6 +138,13 @@ def batch_norm_step(
     )
     return y, None
   y, stats = batch_norm(
-    x, scale, bias, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups, **common
+    x,
+    scale,
+    bias,
+    mask=mask,
+    axis_name=axis_name,
+    axis_index_groups=axis_index_groups,
+    virtual_batch_size=virtual_batch_size,
+    **common,
   )
   return y, update_running_average(running_mean, running_var, stats, momentum)

@@ -25,6 +25,7 @@ from jaxnorm._stats import (
   real_dtype,
   reduction_dtype,
 )
+from jaxnorm._virtual import check_virtual_batch_size, combine, split_batch, sub_batch_examples
 
 
 def output_dtype(x: Any, *params: Any, dtype: Any = None) -> jnp.dtype:
@@ -685,6 +686,7 @@ def batch_norm(
   axis_index_groups: Any = None,
   dtype: Any = None,
   force_float32_reductions: bool = True,
+  virtual_batch_size: int | None = None,
 ) -> jax.Array | tuple[jax.Array, Moments]:
   """Batch normalization (Ioffe & Szegedy 2015): statistics per feature over the batch.
 
@@ -709,14 +711,21 @@ def batch_norm(
     axis_index_groups: optional index groups along ``axis_name``.
     dtype: output dtype and minimum statistics dtype (default: inferred as in Flax).
     force_float32_reductions: compute statistics in at least float32.
+    virtual_batch_size: in training, normalize each consecutive sub-batch of this many
+      examples along the batch axis (the first of ``reduction_axes``) with its own
+      statistics ("ghost" batches, Hoffer et al. 2017); sub-batches stay on their device.
+      The returned moments are then the means of the sub-batch means and variances over
+      every sub-batch (and device), weighted by their valid counts: what the running
+      averages follow. Ignored at inference.
 
   Returns:
     ``(y, Moments)`` when training, ``y`` with given statistics.
 
   Raises:
     ValueError: in training with a single value per statistic (the variance would be 0
-      and the output just ``β``), with only one of ``mean`` and ``var``, or with
-      statistics or parameters of the wrong shape.
+      and the output just ``β``), with only one of ``mean`` and ``var``, with statistics
+      or parameters of the wrong shape, or with a ``virtual_batch_size`` that does not
+      divide the batch.
 
   >>> x = jnp.array([[1., 10.], [3., 30.]])
   >>> y, stats = batch_norm(x, epsilon=1e-12)
@@ -735,14 +744,11 @@ def batch_norm(
       )
     if mean is not None:
       return batch_norm_eval(x, scale, bias, mean, var, feat, red, **common)
-    n = math.prod(x.shape[a] for a in red)
-    if n == 1 and axis_name is None:
-      raise ValueError(
-        f"batch_norm in training needs more than one value per statistic, but an input of "
-        f"shape {x.shape} reduced over axes {red} has 1 (the variance would be 0 and the "
-        f"output would be just the bias). Use a batch larger than 1, normalize with running "
-        f"statistics (use_running_average=True), or use LayerNorm/GroupNorm."
+    if virtual_batch_size is not None:
+      return _virtual_batch_train(
+        x, scale, bias, feat, red, virtual_batch_size, mask, axis_name, axis_index_groups, **common
       )
+    check_batch_values(x.shape, red, axis_name)
     return batch_norm_train(
       x,
       scale,
@@ -756,28 +762,61 @@ def batch_norm(
     )
 
 
+def _virtual_batch_train(x, scale, bias, feat, red, k, mask, axis_name, axis_index_groups, **kw):
+  """Training BatchNorm on sub-batches of ``k`` examples (see :mod:`jaxnorm._virtual`)."""
+  k = check_virtual_batch_size(k, x.shape[red[0]], red[0])
+  if sub_batch_examples(x.shape, red, k) == 1:
+    raise ValueError(
+      f"virtual_batch_size={k} leaves one value per statistic in each sub-batch of an "
+      f"input of shape {x.shape} reduced over axes {red} (the variance would be 0); use "
+      f"virtual_batch_size >= 2."
+    )
+  xs, ms, feat_s, red_s, b = split_batch(x, mask, feat, red, k)
+  y, stats = batch_norm_train(xs, scale, bias, feat_s, red_s, mask=ms, **kw)
+  group_axis = sum(1 for a in range(b) if a not in red_s)  # among the kept axes
+  return y.reshape(x.shape), combine(stats, group_axis, axis_name, axis_index_groups)
+
+
 def batch_norm_eval(
   x, scale, bias, mean, var, feat, red, *, epsilon, dtype, force_float32_reductions
 ) -> jax.Array:
   """BatchNorm with given statistics (axes already canonical): checks their shapes, then
   ``γ·(x − mean)/sqrt(var + ε) + β``."""
-  stats_shape = kept_shape(x.shape, red)
   cdt = compute_dtype(x, scale, bias, mean, dtype=dtype, force_float32=force_float32_reductions)
-  bshape = tuple(1 if a in red else d for a, d in enumerate(x.shape))
+  stats = given_stats(x.shape, red, mean, var, cdt)
+  gamma, beta = _params(scale, bias, x.shape, feat, cdt)
+  y = apply_moments(x.astype(cdt), *stats, gamma, beta, epsilon=epsilon)
+  complex_mean = mean if jnp.iscomplexobj(mean) else None  # a real mean is not promoted with
+  return y.astype(output_dtype(x, scale, bias, complex_mean, dtype=dtype))  # (Flax's rule)
+
+
+def check_batch_values(x_shape, red, axis_name, name="batch_norm") -> None:
+  """Raises if training statistics would have one value each (on one device)."""
+  if math.prod(x_shape[a] for a in red) == 1 and axis_name is None:
+    raise ValueError(
+      f"{name} in training needs more than one value per statistic, but an input of "
+      f"shape {x_shape} reduced over axes {red} has 1 (the variance would be 0 and the "
+      f"output would be just the bias). Use a batch larger than 1, normalize with running "
+      f"statistics (use_running_average=True), or use LayerNorm/GroupNorm."
+    )
+
+
+def given_stats(x_shape, red, mean, var, dtype) -> list[jax.Array]:
+  """``mean`` and ``var`` checked against the statistics' shape of an ``x_shape`` input
+  reduced over ``red``, cast to ``dtype`` and reshaped to broadcast against ``x``."""
+  stats_shape = kept_shape(x_shape, red)
+  bshape = tuple(1 if a in red else d for a, d in enumerate(x_shape))
   stats = []
   for name, s in (("mean", mean), ("var", var)):
     s = jnp.asarray(s)
     if s.shape != stats_shape:
       raise ValueError(
-        f"{name} has shape {s.shape}, but the statistics of an input of shape {x.shape} "
+        f"{name} has shape {s.shape}, but the statistics of an input of shape {x_shape} "
         f"reduced over {red} have shape {stats_shape}; pass running statistics of that "
         f"shape (were they made with another axis or input layout?)."
       )
-    stats.append(cast(s, cdt).reshape(bshape))
-  gamma, beta = _params(scale, bias, x.shape, feat, cdt)
-  y = apply_moments(x.astype(cdt), *stats, gamma, beta, epsilon=epsilon)
-  complex_mean = mean if jnp.iscomplexobj(mean) else None  # a real mean is not promoted with
-  return y.astype(output_dtype(x, scale, bias, complex_mean, dtype=dtype))  # (Flax's rule)
+    stats.append(cast(s, dtype).reshape(bshape))
+  return stats
 
 
 def batch_norm_train(x, scale, bias, feat, red, **kw) -> tuple[jax.Array, Moments]:

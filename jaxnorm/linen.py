@@ -30,6 +30,8 @@ from jax.nn import initializers
 from jaxnorm import functional as F
 from jaxnorm._axes import Axes, canonicalize_axes, kept_shape
 from jaxnorm.batch import batch_norm_step, running_stats_dtypes
+from jaxnorm.frozen import frozen_batch_norm
+from jaxnorm.renorm import batch_renorm_step
 
 Initializer = Any
 Dtype = Any
@@ -56,6 +58,22 @@ def _merge_use_running_average(attribute: bool | None, argument: bool | None) ->
       f"bn(x, use_running_average=not train)."
     )
   return bool(attribute if argument is None else argument)
+
+
+def _batch_norm_variables(module: nn.Module, x):
+  """A BatchNorm-family module's axes and variables, as Flax's BatchNorm declares them:
+  ``(feature axes, reduction axes, mean, var, scale, bias)`` (the statistics as Flax
+  variables, the parameters as values or None)."""
+  feat = canonicalize_axes(module.axis, x.ndim, name="axis")
+  red = F.batch_norm_axes(x.ndim, feat, module.reduction_axes)
+  stats_shape = kept_shape(x.shape, red)
+  mean_dtype, var_dtype = running_stats_dtypes(
+    module.param_dtype, x.dtype, module.dtype, module.force_float32_reductions
+  )
+  ra_mean = module.variable("batch_stats", "mean", jnp.zeros, stats_shape, mean_dtype)
+  ra_var = module.variable("batch_stats", "var", jnp.ones, stats_shape, var_dtype)
+  scale, bias = _affine_params(module, tuple(x.shape[a] for a in feat), module.use_bias)
+  return feat, red, ra_mean, ra_var, scale, bias
 
 
 class BatchNorm(nn.BatchNorm):
@@ -106,9 +124,15 @@ class BatchNorm(nn.BatchNorm):
       (default: all of them). For a sequence ``(B, T, D)`` with ``reduction_axes=0``, the
       statistics are kept per time step and feature; ``batch_stats`` then has shape
       ``(T, D)`` while ``scale`` and ``bias`` stay ``(D,)``.
+    virtual_batch_size: (jaxnorm) in training, normalize each consecutive sub-batch of
+      this many examples along the batch axis (the first reduction axis) with its own
+      statistics: ghost batch normalization (Hoffer et al. 2017). The batch on each device
+      must be a multiple of it; the running averages follow the mean of the sub-batch
+      statistics; ``init`` and inference are unchanged (default None: the whole batch).
   """
 
   reduction_axes: Axes | None = None
+  virtual_batch_size: int | None = None
 
   @nn.compact
   def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
@@ -126,15 +150,7 @@ class BatchNorm(nn.BatchNorm):
     """
     use_ra = _merge_use_running_average(self.use_running_average, use_running_average)
     x = jnp.asarray(x)
-    feat = canonicalize_axes(self.axis, x.ndim, name="axis")
-    red = F.batch_norm_axes(x.ndim, feat, self.reduction_axes)
-    stats_shape = kept_shape(x.shape, red)
-    mean_dtype, var_dtype = running_stats_dtypes(
-      self.param_dtype, x.dtype, self.dtype, self.force_float32_reductions
-    )
-    ra_mean = self.variable("batch_stats", "mean", jnp.zeros, stats_shape, mean_dtype)
-    ra_var = self.variable("batch_stats", "var", jnp.ones, stats_shape, var_dtype)
-    scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias)
+    feat, red, ra_mean, ra_var, scale, bias = _batch_norm_variables(self, x)
     y, updated = batch_norm_step(
       x,
       scale,
@@ -152,10 +168,145 @@ class BatchNorm(nn.BatchNorm):
       axis_index_groups=self.axis_index_groups,
       dtype=self.dtype,
       force_float32_reductions=self.force_float32_reductions,
+      virtual_batch_size=self.virtual_batch_size,
     )
     if updated is not None:
       ra_mean.value, ra_var.value = updated
     return y
+
+
+class BatchRenorm(nn.BatchNorm):
+  """Batch Renormalization (Ioffe 2017): BatchNorm whose training output is corrected
+  toward the running statistics (:mod:`jaxnorm.renorm`), for small or non-i.i.d. batches.
+
+  In training ``y = γ·((x − μ_B)/σ_B·r + d) + β`` with ``r = sg(clip(σ_B/σ, 1/r_max,
+  r_max))`` and ``d = sg(clip((μ_B − μ)/σ, −d_max, d_max))`` against the running ``μ`` and
+  ``σ = sqrt(var + ε)``; at inference BatchNorm's ``γ·(x − μ)/σ + β``. ``r_max`` and
+  ``d_max`` follow :func:`jaxnorm.renorm_limits` (by default the paper's schedule: plain
+  BatchNorm for 5k steps, then ``r_max`` relaxed to 3 by step 40k and ``d_max`` to 5 by
+  25k; ``warmup_steps=0, r_max_steps=None, d_max_steps=None`` fixes them). The number of
+  training updates is kept in ``batch_stats`` as ``steps`` (an int32 scalar, next to
+  ``mean`` and ``var``), so a restored checkpoint resumes the schedule.
+
+  >>> import jax, jaxnorm
+  >>> brn = jaxnorm.BatchRenorm(use_running_average=False, warmup_steps=0,
+  ...                           r_max_steps=None, d_max_steps=None)
+  >>> x = jax.random.normal(jax.random.key(0), (4, 3))
+  >>> variables = brn.init(jax.random.key(1), x)
+  >>> jax.tree_util.tree_map(jnp.shape, variables["batch_stats"])
+  {'mean': (3,), 'steps': (), 'var': (3,)}
+  >>> y, updates = brn.apply(variables, x, mutable=["batch_stats"])
+  >>> int(updates["batch_stats"]["steps"])
+  1
+
+  Attributes:
+    use_running_average, axis, momentum, epsilon, dtype, param_dtype, use_bias, use_scale,
+    bias_init, scale_init, axis_name, axis_index_groups, use_fast_variance,
+    force_float32_reductions, reduction_axes: as in :class:`BatchNorm` (the batch
+      statistics are exact across devices and with masks).
+    r_max: the final bound of ``r`` (>= 1; default 3).
+    d_max: the final bound of ``|d|`` (>= 0; default 5).
+    warmup_steps: training steps of plain BatchNorm first (default 5000).
+    r_max_steps: the step at which ``r_max`` is reached, linearly from the end of the
+      warm-up (default 40000; None: at once).
+    d_max_steps: the same for ``d_max`` (default 25000).
+  """
+
+  reduction_axes: Axes | None = None
+  r_max: float = 3.0
+  d_max: float = 5.0
+  warmup_steps: int = 5000
+  r_max_steps: int | None = 40000
+  d_max_steps: int | None = 25000
+
+  @nn.compact
+  def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
+    """Normalizes ``x``: renormalized batch statistics in training (updating ``mean``,
+    ``var`` and ``steps``), the running averages otherwise; arguments as in
+    :meth:`BatchNorm.__call__`."""
+    use_ra = _merge_use_running_average(self.use_running_average, use_running_average)
+    x = jnp.asarray(x)
+    feat, red, ra_mean, ra_var, scale, bias = _batch_norm_variables(self, x)
+    steps = self.variable("batch_stats", "steps", jnp.zeros, (), jnp.int32)
+    y, updated = batch_renorm_step(
+      x,
+      scale,
+      bias,
+      ra_mean.value,
+      ra_var.value,
+      steps.value,
+      use_running_average=use_ra,
+      momentum=self.momentum,
+      initializing=self.is_initializing(),
+      r_max=self.r_max,
+      d_max=self.d_max,
+      warmup_steps=self.warmup_steps,
+      r_max_steps=self.r_max_steps,
+      d_max_steps=self.d_max_steps,
+      axis=feat,
+      reduction_axes=red,
+      epsilon=self.epsilon,
+      mask=mask,
+      axis_name=self.axis_name,
+      axis_index_groups=self.axis_index_groups,
+      dtype=self.dtype,
+      force_float32_reductions=self.force_float32_reductions,
+    )
+    if updated is not None:
+      ra_mean.value, ra_var.value, steps.value = updated
+    return y
+
+
+class FrozenBatchNorm(BatchNorm):
+  """BatchNorm with fixed statistics and affine parameters (:mod:`jaxnorm.frozen`):
+  ``y = x·s + (β − μ·s)``, ``s = γ·rsqrt(var + ε)``, never updated, never trained.
+
+  It takes every :class:`BatchNorm` attribute and call argument, so a model written for
+  BatchNorm builds it unchanged; ``use_running_average``, ``momentum``, ``mask``,
+  ``axis_name`` and ``virtual_batch_size`` have no effect (there are no batch statistics).
+  Its variables are BatchNorm's (``params``: ``scale``, ``bias``; ``batch_stats``:
+  ``mean``, ``var``), and an unnamed one is auto-named ``BatchNorm_<i>`` as a BatchNorm in
+  its place would be, so a trained BatchNorm's variables load without renaming. No gradient reaches
+  them; :func:`jaxnorm.freeze_batch_norm` labels them for an optimizer that must also
+  leave them out of weight decay.
+
+  >>> import jax, jaxnorm
+  >>> x = jax.random.normal(jax.random.key(0), (4, 3))
+  >>> variables = jaxnorm.BatchNorm(use_running_average=True).init(jax.random.key(1), x)
+  >>> y = jaxnorm.FrozenBatchNorm().apply(variables, x)
+  """
+
+  def __post_init__(self):
+    # Unnamed, it takes the next BatchNorm_<i> name of its parent (Flax names submodules
+    # after their class), so swapping BatchNorm for it keeps every variable's path.
+    parent = self.parent
+    if parent is nn.module._unspecified_parent:
+      stack = nn.module._context.module_stack
+      parent = stack[-1] if stack else None
+    if self.name is None and isinstance(parent, nn.Module) and not parent._state.in_setup:
+      cursor = parent._state.autoname_cursor.get("BatchNorm", 0)
+      object.__setattr__(self, "name", f"BatchNorm_{cursor}")
+      parent._state.autoname_cursor["BatchNorm"] = cursor + 1
+    super().__post_init__()
+
+  @nn.compact
+  def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
+    """Normalizes ``x`` with the stored statistics; the arguments are accepted and unused."""
+    del use_running_average, mask
+    x = jnp.asarray(x)
+    feat, red, ra_mean, ra_var, scale, bias = _batch_norm_variables(self, x)
+    return frozen_batch_norm(
+      x,
+      scale,
+      bias,
+      ra_mean.value,
+      ra_var.value,
+      axis=feat,
+      reduction_axes=red,
+      epsilon=self.epsilon,
+      dtype=self.dtype,
+      force_float32_reductions=self.force_float32_reductions,
+    )
 
 
 class LayerNorm(nn.LayerNorm):

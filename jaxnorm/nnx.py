@@ -43,6 +43,8 @@ from jax.nn import initializers
 from jaxnorm import functional as F
 from jaxnorm._axes import Axes, canonicalize_axes, kept_shape
 from jaxnorm.batch import batch_norm_step, running_stats_dtypes
+from jaxnorm.frozen import frozen_batch_norm
+from jaxnorm.renorm import batch_renorm_step, check_renorm_schedule
 
 Initializer = Any
 Dtype = Any
@@ -126,6 +128,7 @@ class BatchNorm(nnx.BatchNorm):
     stats_shape: (jaxnorm) the shape of the running statistics when ``reduction_axes``
       keeps more than the feature axis, e.g. ``(T, D)`` for per-time-step statistics of a
       ``(B, T, D)`` input with ``reduction_axes=0`` (default ``(num_features,)``).
+    virtual_batch_size: (jaxnorm) ghost batches, as in :class:`jaxnorm.linen.BatchNorm`.
 
   The running statistics are ``nnx.BatchStat`` in float32 (float64 for a float64
   ``param_dtype`` under ``jax_enable_x64``); a step whose batch has no valid element or
@@ -155,6 +158,7 @@ class BatchNorm(nnx.BatchNorm):
     scale_metadata: Mapping[str, Any] = _NO_METADATA,
     reduction_axes: Axes | None = None,
     stats_shape: tuple[int, ...] | None = None,
+    virtual_batch_size: int | None = None,
   ):
     shape = (num_features,) if stats_shape is None else tuple(stats_shape)
     mean_dtype, var_dtype = running_stats_dtypes(param_dtype, jnp.float32, dtype)
@@ -177,10 +181,28 @@ class BatchNorm(nnx.BatchNorm):
     self.use_fast_variance = use_fast_variance
     self.promote_dtype = promote_dtype
     self.reduction_axes = reduction_axes
+    self.virtual_batch_size = virtual_batch_size
 
   def __call__(self, x, use_running_average: bool | None = None, *, mask: jax.Array | None = None):
     """Normalizes ``x`` with the batch statistics (training, updating the running averages)
     or with the running averages; ``use_running_average`` overrides the attribute."""
+    use_ra, x, args, feat, red = self._prepare(x, use_running_average)
+    y, updated = batch_norm_step(
+      x,
+      *args,
+      use_running_average=use_ra,
+      momentum=self.momentum,
+      axis=feat,
+      reduction_axes=red,
+      virtual_batch_size=self.virtual_batch_size,
+      **_common(self, mask),
+    )
+    self._store(updated)
+    return y
+
+  def _prepare(self, x, use_running_average):
+    """The mode, the promoted input, ``(scale, bias, mean, var)`` laid onto its axes, and
+    the feature and reduction axes: what every BatchNorm-family call starts with."""
     use_ra = _use_running_average(use_running_average, self.use_running_average)
     stored = (self.mean[...], self.var[...])
     x, mean, var, scale, bias = self.promote_dtype(
@@ -191,7 +213,7 @@ class BatchNorm(nnx.BatchNorm):
     shape = kept_shape(jnp.shape(x), red)
     if math.prod(shape) != stored[0].size:
       raise ValueError(
-        f"BatchNorm({self.num_features}) keeps running statistics of shape "
+        f"{type(self).__name__}({self.num_features}) keeps running statistics of shape "
         f"{stored[0].shape}, but an input of shape {jnp.shape(x)} reduced over axes {red} "
         f"has statistics of shape {shape}; construct it with num_features equal to the "
         f"size of axis={self.axis}, or with stats_shape={shape} when reduction_axes keeps "
@@ -200,26 +222,112 @@ class BatchNorm(nnx.BatchNorm):
     # Inference normalizes with the promoted statistics (as flax.nnx); training updates the
     # stored ones, in their own dtype.
     running = (mean, var) if use_ra else stored
-    y, updated = batch_norm_step(
-      x,
-      *_onto_features(x, feat, scale, bias),
-      *(_onto(s, shape) for s in running),
-      use_running_average=use_ra,
-      momentum=self.momentum,
-      axis=feat,
-      reduction_axes=red,
-      **_common(self, mask),
-    )
-    if updated is not None:
-      # The running averages are not trained: no gradient flows into them (as flax.nnx).
-      new = jax.lax.stop_gradient(updated)
-      self.mean[...], self.var[...] = (n.reshape(s.shape) for n, s in zip(new, stored, strict=True))
-    return y
+    args = (*_onto_features(x, feat, scale, bias), *(_onto(s, shape) for s in running))
+    return use_ra, x, args, feat, red
+
+  def _store(self, updated):
+    """Writes a training step's new running statistics (None: nothing to write)."""
+    if updated is None:
+      return
+    # The running averages are not trained: no gradient flows into them (as flax.nnx).
+    mean, var = jax.lax.stop_gradient(updated[:2])
+    self.mean[...] = mean.reshape(self.mean.shape)
+    self.var[...] = var.reshape(self.var.shape)
 
   def set_view(self, use_running_average: bool | None = None):
     """Called by ``nnx.view(model, use_running_average=...)``: sets the default mode."""
     if use_running_average is not None:
       self.use_running_average = use_running_average
+
+
+class BatchRenorm(BatchNorm):
+  """Batch Renormalization (Ioffe 2017) for ``flax.nnx``; the arguments mean what they mean
+  on :class:`jaxnorm.linen.BatchRenorm` (``r_max``, ``d_max``, ``warmup_steps``,
+  ``r_max_steps``, ``d_max_steps``, keyword-only) and on :class:`BatchNorm` (the rest).
+
+  The number of training updates is an ``nnx.BatchStat`` ``steps`` (int32), saved and
+  restored with the running statistics, so a checkpoint resumes the schedule.
+
+    >>> from flax import nnx
+    >>> from jaxnorm import nnx as jnnx
+    >>> brn = jnnx.BatchRenorm(3, warmup_steps=0, r_max_steps=None, d_max_steps=None,
+    ...                        rngs=nnx.Rngs(0))
+    >>> y = brn(jnp.arange(12.).reshape(4, 3))
+    >>> int(brn.steps[...])
+    1
+  """
+
+  def __init__(
+    self,
+    num_features: int,
+    *,
+    r_max: float = 3.0,
+    d_max: float = 5.0,
+    warmup_steps: int = 5000,
+    r_max_steps: int | None = 40000,
+    d_max_steps: int | None = 25000,
+    **kwargs: Any,
+  ):
+    if kwargs.get("virtual_batch_size") is not None:
+      raise ValueError(
+        "BatchRenorm does not take virtual_batch_size (its r and d compare the whole "
+        "batch with the running statistics); use BatchNorm(virtual_batch_size=...)."
+      )
+    super().__init__(num_features, **kwargs)
+    check_renorm_schedule(r_max, d_max, warmup_steps, r_max_steps, d_max_steps)
+    self.steps = nnx.BatchStat(jnp.zeros((), jnp.int32))
+    self.r_max = r_max
+    self.d_max = d_max
+    self.warmup_steps = warmup_steps
+    self.r_max_steps = r_max_steps
+    self.d_max_steps = d_max_steps
+
+  def __call__(self, x, use_running_average: bool | None = None, *, mask: jax.Array | None = None):
+    """Renormalized batch statistics in training (updating ``mean``, ``var``, ``steps``),
+    the running averages otherwise; ``use_running_average`` overrides the attribute."""
+    use_ra, x, args, feat, red = self._prepare(x, use_running_average)
+    y, updated = batch_renorm_step(
+      x,
+      *args,
+      self.steps[...],
+      use_running_average=use_ra,
+      momentum=self.momentum,
+      r_max=self.r_max,
+      d_max=self.d_max,
+      warmup_steps=self.warmup_steps,
+      r_max_steps=self.r_max_steps,
+      d_max_steps=self.d_max_steps,
+      axis=feat,
+      reduction_axes=red,
+      **_common(self, mask),
+    )
+    self._store(updated)
+    if updated is not None:
+      self.steps[...] = updated[2]
+    return y
+
+
+class FrozenBatchNorm(BatchNorm):
+  """Frozen BatchNorm for ``flax.nnx``: :class:`jaxnorm.linen.FrozenBatchNorm`'s maths
+  with :class:`BatchNorm`'s constructor and state (``nnx.Param`` ``scale``/``bias``,
+  ``nnx.BatchStat`` ``mean``/``var``), so the state of a trained ``BatchNorm`` loads with
+  ``nnx.update`` unchanged. The statistics are never updated, in any mode, and no gradient
+  reaches the parameters.
+
+    >>> from flax import nnx
+    >>> from jaxnorm import nnx as jnnx
+    >>> fbn = jnnx.FrozenBatchNorm(3, rngs=nnx.Rngs(0))
+    >>> fbn(jnp.ones((2, 3))).shape
+    (2, 3)
+  """
+
+  def __call__(self, x, use_running_average: bool | None = None, *, mask: jax.Array | None = None):
+    """Normalizes ``x`` with the stored statistics; the arguments are accepted and unused."""
+    del use_running_average, mask
+    _, x, args, feat, red = self._prepare(x, True)
+    return frozen_batch_norm(
+      x, *args, axis=feat, reduction_axes=red, epsilon=self.epsilon, dtype=self.dtype
+    )
 
 
 class LayerNorm(nnx.LayerNorm):

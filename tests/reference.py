@@ -126,3 +126,77 @@ def group_norm(x, num_groups, gamma=None, beta=None, channel_axis=-1, eps=1e-6):
       var = (np.abs(block - mu) ** 2).mean()
       out[i, ..., g * size : (g + 1) * size] = (block - mu) / np.sqrt(var + eps)
   return _affine(np.moveaxis(out, -1, c), gamma, beta, (c,))
+
+
+def batch_renorm(x, running_mean, running_var, r_max, d_max, gamma=None, beta=None, axis=-1,
+                 eps=1e-5, mask=None):  # fmt: skip
+  """Training-mode Batch Renormalization (Ioffe 2017, Algorithm 1) with stats per feature:
+  ``(y, batch mean, batch var, r, d)``,
+
+    r = clip(σ_B/σ, 1/r_max, r_max),  d = clip((μ_B − μ)/σ, −d_max, d_max),
+    y = γ·((x − μ_B)/σ_B·r + d) + β,   σ_B = sqrt(var_B + ε),  σ = sqrt(var + ε).
+  """
+  x = _f64(x)
+  axis = axis % x.ndim
+  axes = tuple(a for a in range(x.ndim) if a != axis)
+  mean, var, _ = stats(x, axes, mask=mask)
+  mu = _f64(running_mean).reshape(mean.shape)
+  sigma = np.sqrt(_f64(running_var).reshape(mean.shape) + eps)
+  sigma_b = np.sqrt(var + eps)
+  r = np.clip(sigma_b / sigma, 1.0 / r_max, r_max)
+  d = np.clip((mean - mu) / sigma, -d_max, d_max)
+  y = _affine((x - mean) / sigma_b * r + d, gamma, beta, (axis,))
+  return y, mean.squeeze(axes), var.squeeze(axes), r.squeeze(axes), d.squeeze(axes)
+
+
+def batch_renorm_grads(x, dy, r, d, gamma, axis=-1, eps=1e-5):
+  """Gradients of ``Σ dy·y`` for Batch Renorm with ``r``, ``d`` held constant: BatchNorm's
+  backward with the scale ``γ·r`` — ``dx = γr/σ_B·(g − mean(g) − x̂·mean(g·x̂))``,
+  ``g = dy`` — and ``dγ = Σ dy·(x̂·r + d)``, ``dβ = Σ dy``."""
+  x, dy = _f64(x), _f64(dy)
+  axis = axis % x.ndim
+  axes = tuple(a for a in range(x.ndim) if a != axis)
+  shape = [x.shape[a] if a == axis else 1 for a in range(x.ndim)]
+  mean, var, _ = stats(x, axes)
+  sigma_b = np.sqrt(var + eps)
+  xhat = (x - mean) / sigma_b
+  r, d, gamma = (_f64(a).reshape(shape) for a in (r, d, gamma))
+  dx = gamma * r / sigma_b * (dy - dy.mean(axes, keepdims=True)
+                              - xhat * (dy * xhat).mean(axes, keepdims=True))  # fmt: skip
+  return dx, (dy * (xhat * r + d)).sum(axes), dy.sum(axes)
+
+
+def renorm_limits(step, r_max, d_max, warmup, r_max_steps, d_max_steps):
+  """The paper's schedule: 1 and 0 for the first ``warmup`` steps, then linear to
+  ``r_max`` at ``r_max_steps`` and ``d_max`` at ``d_max_steps`` (None: at once)."""
+
+  def ramp(start, final, end):
+    if step < warmup:
+      return start
+    if end is None or end == warmup:
+      return final
+    return start + (final - start) * min(1.0, (step - warmup) / (end - warmup))
+
+  return ramp(1.0, r_max, r_max_steps), ramp(0.0, d_max, d_max_steps)
+
+
+def ghost_batch_norm(x, k, gamma=None, beta=None, axis=-1, eps=1e-5, mask=None):
+  """BatchNorm on each consecutive sub-batch of ``k`` examples (axis 0), concatenated:
+  ``(y, mean, var)`` where mean and var are the count-weighted means of the sub-batch
+  statistics (the plain means without a mask); a feature with no valid element in a
+  sub-batch gets ``x̂ = 0`` there."""
+  x = _f64(x)
+  feat = (axis % x.ndim,)
+  red = tuple(a for a in range(x.ndim) if a not in feat)
+  m = None if mask is None else np.broadcast_to(mask, x.shape)
+  ys, means, variances, counts = [], [], [], []
+  for i in range(0, x.shape[0], k):
+    sub_mask = None if m is None else m[i : i + k]
+    mean, var, n = stats(x[i : i + k], red, True, sub_mask)
+    ys.append(_affine(normalize(x[i : i + k], red, eps=eps, mask=sub_mask), gamma, beta, feat))
+    means.append(mean.squeeze(red))
+    variances.append(var.squeeze(red))
+    counts.append(n.squeeze(red))
+  c = np.array(counts)
+  total = np.maximum(c.sum(0), 1)
+  return np.concatenate(ys), (c * means).sum(0) / total, (c * variances).sum(0) / total
