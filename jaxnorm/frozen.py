@@ -97,10 +97,19 @@ def freeze_batch_norm(variables: Any, frozen: str = "frozen", trainable: str = "
   if "params" not in variables:
     raise ValueError(
       f"freeze_batch_norm takes a model's variables dict with 'params' and 'batch_stats' "
-      f"(what model.init returns), got one with keys {sorted(variables)}."
+      f"(what model.init returns), got one with keys {sorted(variables)}; for a flax.nnx "
+      f"model use jaxnorm.nnx.freeze_batch_norm(model)."
     )
+  return batch_norm_labels(
+    variables.get("batch_stats", {}), variables["params"], frozen=frozen, trainable=trainable
+  )
+
+
+def batch_norm_labels(stats: Any, params: Any, *, frozen: str, trainable: str, is_leaf=None):
+  """Labels of ``params``: ``frozen`` for the ``scale``/``bias`` beside a ``mean`` in
+  ``stats`` (the same path), ``trainable`` for the rest (``is_leaf`` as in ``jax.tree``)."""
   norms = set()
-  for path, _ in jax.tree_util.tree_flatten_with_path(variables.get("batch_stats", {}))[0]:
+  for path, _ in jax.tree_util.tree_flatten_with_path(stats, is_leaf=is_leaf)[0]:
     keys = tuple(_key(k) for k in path)
     if keys and keys[-1] == "mean":
       norms.add(keys[:-1])
@@ -109,7 +118,7 @@ def freeze_batch_norm(variables: Any, frozen: str = "frozen", trainable: str = "
     keys = tuple(_key(k) for k in path)
     return frozen if keys[:-1] in norms and keys[-1] in ("scale", "bias") else trainable
 
-  return jax.tree_util.tree_map_with_path(label, variables["params"])
+  return jax.tree_util.tree_map_with_path(label, params, is_leaf=is_leaf)
 
 
 def _key(entry):

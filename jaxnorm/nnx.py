@@ -43,7 +43,7 @@ from jax.nn import initializers
 from jaxnorm import functional as F
 from jaxnorm._axes import Axes, canonicalize_axes, kept_shape
 from jaxnorm.batch import batch_norm_step, running_stats_dtypes
-from jaxnorm.frozen import frozen_batch_norm
+from jaxnorm.frozen import batch_norm_labels, frozen_batch_norm
 from jaxnorm.renorm import batch_renorm_step, check_renorm_schedule
 
 Initializer = Any
@@ -328,6 +328,33 @@ class FrozenBatchNorm(BatchNorm):
     return frozen_batch_norm(
       x, *args, axis=feat, reduction_axes=red, epsilon=self.epsilon, dtype=self.dtype
     )
+
+
+def freeze_batch_norm(model: nnx.Module, frozen: str = "frozen", trainable: str = "trainable"):
+  """Labels of ``nnx.state(model, nnx.Param)`` for an optimizer that leaves every
+  BatchNorm alone (:func:`jaxnorm.freeze_batch_norm` for ``flax.nnx``): the ``scale`` and
+  ``bias`` of every module holding a ``mean`` ``BatchStat`` are ``frozen``, the rest
+  ``trainable``. Use them as
+  ``nnx.Optimizer(model, optax.multi_transform({"trainable": tx, "frozen":
+  optax.set_to_zero()}, labels), wrt=nnx.Param)``.
+
+    >>> from flax import nnx
+    >>> from jaxnorm import nnx as jnnx
+    >>> labels = freeze_batch_norm(jnnx.FrozenBatchNorm(3, rngs=nnx.Rngs(0)))
+    >>> labels["scale"], labels["bias"]
+    ('frozen', 'frozen')
+  """
+
+  def is_variable(a):
+    return isinstance(a, nnx.Variable)
+
+  return batch_norm_labels(
+    nnx.state(model, nnx.BatchStat),
+    nnx.state(model, nnx.Param),
+    frozen=frozen,
+    trainable=trainable,
+    is_leaf=is_variable,
+  )
 
 
 class LayerNorm(nnx.LayerNorm):

@@ -387,3 +387,29 @@ def test_jit_vmap_grad_and_scan(rng):
     expected = ref.batch_renorm(x[i], np.zeros(4), np.ones(4), 3.0, 5.0)[0]
     np.testing.assert_allclose(np.asarray(ys[i]), expected, rtol=1e-5, atol=3e-5)
   assert layers.steps[...].tolist() == [1, 1, 1]
+
+
+def test_nnx_freeze_batch_norm_labels_with_an_nnx_optimizer(rng):
+  class Net(nnx.Module):
+    def __init__(self, rngs):
+      self.lin = nnx.Linear(3, 4, rngs=rngs)
+      self.bn = jnnx.BatchNorm(4, use_running_average=True, rngs=rngs)
+      self.out = nnx.Linear(4, 1, rngs=rngs)
+
+    def __call__(self, x):
+      return self.out(nnx.relu(self.bn(self.lin(x))))
+
+  model = Net(nnx.Rngs(0))
+  labels = jnnx.freeze_batch_norm(model)
+  assert labels["bn"]["scale"] == "frozen" and labels["lin"]["kernel"] == "trainable"
+  tx = optax.multi_transform(
+    {"trainable": optax.adamw(1e-1, weight_decay=0.5), "frozen": optax.set_to_zero()}, labels
+  )
+  optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+  before = {k: np.asarray(getattr(model.bn, k)[...]) for k in ("scale", "bias")}
+  kernel = np.asarray(model.lin.kernel[...])
+  x = _data(rng, (8, 3))
+  optimizer.update(model, nnx.grad(lambda m: jnp.sum(m(x) ** 2))(model))
+  for k, v in before.items():  # plain BatchNorm in inference mode: frozen by the labels alone
+    np.testing.assert_array_equal(np.asarray(getattr(model.bn, k)[...]), v)
+  assert np.abs(np.asarray(model.lin.kernel[...]) - kernel).max() > 0
