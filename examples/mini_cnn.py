@@ -34,14 +34,33 @@ from tqdm import tqdm
 import jaxnorm
 from jaxnorm import nnx as jnnx
 
-NORMS = ("batch", "group", "layer", "instance", "rms", "none")
+NORMS = ("batch", "renorm", "ghost", "group", "layer", "instance", "rms", "none")
+GHOST = 4  # examples per virtual batch of --norm ghost (fewer when the batch is smaller)
 
 
-def make_norm(kind: str, train: bool, axis_name: str | None = None):
+def renorm_schedule(total_steps: int) -> dict:
+  """Batch Renorm's schedule scaled to a run of ``total_steps``, in the paper's proportions
+  (warm-up 5k, d_max reached at 25k, r_max at 40k, of a longer run): r_max reached halfway."""
+  r_steps = max(1, total_steps // 2)
+  return dict(warmup_steps=r_steps // 8, r_max_steps=r_steps, d_max_steps=r_steps * 5 // 8)
+
+
+def make_norm(
+  kind: str, train: bool, axis_name: str | None = None, batch_size: int = 32, steps: int = 1000
+):
   """The norm layer for ``kind`` on NHWC feature maps (``none``: identity). ``axis_name``
-  names the device axis BatchNorm synchronizes its statistics over (data parallelism)."""
+  names the device axis BatchNorm synchronizes its statistics over (data parallelism);
+  ``batch_size`` and ``steps`` set the ghost batches and the renorm schedule."""
   if kind == "batch":
     return jaxnorm.BatchNorm(use_running_average=not train, momentum=0.9, axis_name=axis_name)
+  if kind == "renorm":
+    return jaxnorm.BatchRenorm(
+      use_running_average=not train, momentum=0.9, axis_name=axis_name, **renorm_schedule(steps)
+    )
+  if kind == "ghost":
+    return jaxnorm.BatchNorm(
+      use_running_average=not train, momentum=0.9, virtual_batch_size=min(GHOST, batch_size)
+    )
   if kind == "group":
     return jaxnorm.GroupNorm(num_groups=4)
   if kind == "layer":
@@ -61,21 +80,29 @@ class CNN(nn.Module):
 
   norm: str = "batch"
   axis_name: str | None = None
+  batch_size: int = 32
+  steps: int = 1000
 
   @nn.compact
   def __call__(self, x, train: bool):
     for i, channels in enumerate((16, 32, 64)):
       x = nn.Conv(channels, (3, 3), use_bias=self.norm == "none")(x)
-      x = nn.relu(make_norm(self.norm, train, self.axis_name)(x))
+      norm = make_norm(self.norm, train, self.axis_name, self.batch_size, self.steps)
+      x = nn.relu(norm(x))
       if i == 0:
         x = nn.avg_pool(x, (2, 2), strides=(2, 2))
     return nn.Dense(10)(x.mean((1, 2)))
 
 
-def make_nnx_norm(kind: str, channels: int, rngs: nnx.Rngs):
+def make_nnx_norm(kind: str, channels: int, rngs: nnx.Rngs, batch_size: int = 32, steps=1000):
   """:func:`make_norm` with ``jaxnorm.nnx``'s modules (None for ``none``)."""
   if kind == "batch":
     return jnnx.BatchNorm(channels, momentum=0.9, rngs=rngs)
+  if kind == "renorm":
+    return jnnx.BatchRenorm(channels, momentum=0.9, rngs=rngs, **renorm_schedule(steps))
+  if kind == "ghost":
+    vbs = min(GHOST, batch_size)
+    return jnnx.BatchNorm(channels, momentum=0.9, virtual_batch_size=vbs, rngs=rngs)
   if kind == "group":
     return jnnx.GroupNorm(channels, 4, rngs=rngs)
   if kind == "layer":
@@ -92,13 +119,13 @@ def make_nnx_norm(kind: str, channels: int, rngs: nnx.Rngs):
 class NNXCNN(nnx.Module):
   """:class:`CNN` as an NNX module (BatchNorm's mode: ``.train()`` / ``.eval()``)."""
 
-  def __init__(self, norm: str = "batch", *, rngs: nnx.Rngs):
+  def __init__(self, norm: str = "batch", *, rngs: nnx.Rngs, batch_size: int = 32, steps=1000):
     widths = (1, 16, 32, 64)
     self.convs = nnx.List(
       nnx.Conv(a, b, (3, 3), use_bias=norm == "none", rngs=rngs)
       for a, b in zip(widths, widths[1:], strict=False)
     )
-    self.norms = nnx.List(make_nnx_norm(norm, c, rngs) for c in widths[1:])
+    self.norms = nnx.List(make_nnx_norm(norm, c, rngs, batch_size, steps) for c in widths[1:])
     self.head = nnx.Linear(64, 10, rngs=rngs)
 
   def __call__(self, x):
@@ -110,9 +137,9 @@ class NNXCNN(nnx.Module):
     return self.head(x.mean((1, 2)))
 
 
-def linen_trainer(norm: str, x0, seed: int, tx):
+def linen_trainer(norm: str, x0, seed: int, tx, steps: int = 1000):
   """``(step(xb, yb) -> loss, predict(x) -> labels)`` for the Linen :class:`CNN`."""
-  model = CNN(norm)
+  model = CNN(norm, batch_size=len(x0), steps=steps)
   variables = model.init(jax.random.key(seed), x0, train=False)
   state = dict(variables=variables, opt_state=tx.init(variables["params"]))
 
@@ -143,9 +170,9 @@ def linen_trainer(norm: str, x0, seed: int, tx):
   return step, lambda x: predict(state["variables"], x)
 
 
-def nnx_trainer(norm: str, seed: int, tx):
+def nnx_trainer(norm: str, seed: int, tx, batch_size: int = 32, steps: int = 1000):
   """``(step, predict)`` for :class:`NNXCNN`: the model and optimizer are updated in place."""
-  model = NNXCNN(norm, rngs=nnx.Rngs(seed))
+  model = NNXCNN(norm, rngs=nnx.Rngs(seed), batch_size=batch_size, steps=steps)
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
 
   @nnx.jit
@@ -181,6 +208,22 @@ def load_data(seed: int = 0):
   )
 
 
+def batches(labels, batch_size: int, order: str, rng) -> list[np.ndarray]:
+  """One epoch's batches of indices (full batches only). ``iid``: a random permutation;
+  ``by-class``: every batch holds one class (non-i.i.d. batches, where BatchNorm's batch
+  statistics and its running averages disagree most), batches in random order."""
+  if order == "iid":
+    perm = rng.permutation(len(labels))
+    return [perm[i : i + batch_size] for i in range(0, len(perm) - batch_size + 1, batch_size)]
+  if order != "by-class":
+    raise ValueError(f"order must be 'iid' or 'by-class', got {order!r}")
+  out = []
+  for c in np.unique(labels):
+    idx = rng.permutation(np.flatnonzero(labels == c))
+    out += [idx[i : i + batch_size] for i in range(0, len(idx) - batch_size + 1, batch_size)]
+  return [out[i] for i in rng.permutation(len(out))]
+
+
 def train(
   norm: str = "batch",
   batch_size: int = 32,
@@ -191,17 +234,19 @@ def train(
   max_train: int | None = None,
   progress: bool = True,
   api: str = "linen",
+  order: str = "iid",
 ) -> dict:
-  """Trains the CNN and returns the final metrics (also printed as the last JSON line)."""
+  """Trains the CNN and returns the final metrics (also printed as the last JSON line).
+  ``order`` is the batch order (:func:`batches`)."""
   x_train, x_test, y_train, y_test = load_data()
   if max_train is not None:
     x_train, y_train = x_train[:max_train], y_train[:max_train]
-  steps_per_epoch = max(1, len(x_train) // batch_size)
-  tx = optax.adam(optax.cosine_decay_schedule(lr, epochs * steps_per_epoch, alpha=0.05))
+  total = epochs * len(batches(y_train, batch_size, order, np.random.default_rng(0)))
+  tx = optax.adam(optax.cosine_decay_schedule(lr, total, alpha=0.05))
   if api == "linen":
-    step, predict = linen_trainer(norm, x_train[:batch_size], seed, tx)
+    step, predict = linen_trainer(norm, x_train[:batch_size], seed, tx, total)
   elif api == "nnx":
-    step, predict = nnx_trainer(norm, seed, tx)
+    step, predict = nnx_trainer(norm, seed, tx, batch_size, total)
   else:
     raise ValueError(f"api must be 'linen' or 'nnx', got {api!r}")
 
@@ -210,10 +255,8 @@ def train(
   start = time.perf_counter()
   bar = tqdm(range(epochs), desc=f"mini_cnn[{api}, {norm}]", disable=not progress)
   for _ in bar:
-    order = rng.permutation(len(x_train))
     epoch_loss = []
-    for s in range(steps_per_epoch):
-      idx = order[s * batch_size : (s + 1) * batch_size]
+    for idx in batches(y_train, batch_size, order, rng):
       epoch_loss.append(step(x_train[idx], y_train[idx]))
     losses.append(float(jnp.mean(jnp.stack(epoch_loss))))
     accuracies.append(float(np.mean(np.asarray(predict(x_test)) == y_test)))
@@ -227,6 +270,7 @@ def train(
     epochs=epochs,
     seconds=round(seconds, 2),
     batch_size=batch_size,
+    order=order,
     initial_loss=losses[0],
     final_loss=losses[-1],
   )
@@ -249,9 +293,13 @@ def main(argv=None):
   ap.add_argument("--epochs", type=int, default=12)
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--lr", type=float, default=3e-3)
+  ap.add_argument("--order", choices=("iid", "by-class"), default="iid", help="batch order")
   ap.add_argument("--out", default="results/mini_cnn", help="folder for the plot")
   args = ap.parse_args(argv)
-  return train(args.norm, args.batch_size, args.epochs, args.seed, args.lr, args.out, api=args.api)
+  return train(
+    args.norm, args.batch_size, args.epochs, args.seed, args.lr, args.out, api=args.api,
+    order=args.order,
+  )  # fmt: skip
 
 
 if __name__ == "__main__":

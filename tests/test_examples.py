@@ -54,10 +54,10 @@ def test_mini_cnn_nnx_smoke(capsys, tmp_path):
 
 @pytest.mark.parametrize("norm", mini_cnn.NORMS)
 def test_mini_cnn_nnx_builds_every_norm(norm):
-  model = mini_cnn.NNXCNN(norm, rngs=nnx.Rngs(0))
+  model = mini_cnn.NNXCNN(norm, rngs=nnx.Rngs(0), batch_size=2)
   x = np.zeros((2, 8, 8, 1), np.float32)
   assert model(x).shape == (2, 10)
-  assert bool(nnx.state(model, nnx.BatchStat)) == (norm == "batch")
+  assert bool(nnx.state(model, nnx.BatchStat)) == (norm in ("batch", "renorm", "ghost"))
 
 
 @pytest.mark.parametrize("norm", mini_cnn.NORMS)
@@ -66,7 +66,27 @@ def test_mini_cnn_builds_every_norm(norm):
   x = np.zeros((2, 8, 8, 1), np.float32)
   variables = model.init(jax.random.key(0), x, train=False)
   assert model.apply(variables, x, train=False).shape == (2, 10)
-  assert ("batch_stats" in variables) == (norm == "batch")
+  assert ("batch_stats" in variables) == (norm in ("batch", "renorm", "ghost"))
+
+
+def test_by_class_batches_hold_one_class_each():
+  labels = mini_cnn.load_data()[2]
+  epoch = mini_cnn.batches(labels, 8, "by-class", np.random.default_rng(0))
+  assert all(len(set(labels[idx])) == 1 and len(idx) == 8 for idx in epoch)
+  assert len({int(labels[idx[0]]) for idx in epoch[:30]}) > 3  # classes interleaved
+  iid = mini_cnn.batches(labels, 8, "iid", np.random.default_rng(0))
+  assert len(iid) == len(labels) // 8 and len(set(np.concatenate(iid))) == len(iid) * 8
+
+
+def test_mini_cnn_renorm_and_ghost_train(capsys, tmp_path):
+  for norm, api in (("renorm", "linen"), ("ghost", "nnx")):
+    mini_cnn.main(
+      ["--norm", norm, "--api", api, "--epochs", "2", "--batch-size", "8", "--order",
+       "by-class", "--out", str(tmp_path)]
+    )  # fmt: skip
+    result = _last_json_line(capsys)
+    assert result["norm"] == norm and result["order"] == "by-class"
+    assert result["final_loss"] < result["initial_loss"]
 
 
 def test_mini_cnn_batchnorm_eval_is_per_image(rng):
