@@ -61,6 +61,8 @@ def make_norm(
     return jaxnorm.BatchNorm(
       use_running_average=not train, momentum=0.9, virtual_batch_size=min(GHOST, batch_size)
     )
+  if kind == "frozen":  # fine-tuning a BatchNorm model: loads its variables unchanged
+    return jaxnorm.FrozenBatchNorm()
   if kind == "group":
     return jaxnorm.GroupNorm(num_groups=4)
   if kind == "layer":
@@ -137,10 +139,12 @@ class NNXCNN(nnx.Module):
     return self.head(x.mean((1, 2)))
 
 
-def linen_trainer(norm: str, x0, seed: int, tx, steps: int = 1000):
-  """``(step(xb, yb) -> loss, predict(x) -> labels)`` for the Linen :class:`CNN`."""
+def linen_trainer(norm: str, x0, seed: int, tx, steps: int = 1000, variables=None):
+  """``(step(xb, yb) -> loss, predict(x) -> labels, state)`` for the Linen :class:`CNN`,
+  from ``variables`` when given (fine-tuning); ``state["variables"]`` holds the current ones."""
   model = CNN(norm, batch_size=len(x0), steps=steps)
-  variables = model.init(jax.random.key(seed), x0, train=False)
+  if variables is None:
+    variables = model.init(jax.random.key(seed), x0, train=False)
   state = dict(variables=variables, opt_state=tx.init(variables["params"]))
 
   @jax.jit
@@ -167,7 +171,7 @@ def linen_trainer(norm: str, x0, seed: int, tx, steps: int = 1000):
     )
     return loss
 
-  return step, lambda x: predict(state["variables"], x)
+  return step, lambda x: predict(state["variables"], x), state
 
 
 def nnx_trainer(norm: str, seed: int, tx, batch_size: int = 32, steps: int = 1000):
@@ -244,7 +248,7 @@ def train(
   total = epochs * len(batches(y_train, batch_size, order, np.random.default_rng(0)))
   tx = optax.adam(optax.cosine_decay_schedule(lr, total, alpha=0.05))
   if api == "linen":
-    step, predict = linen_trainer(norm, x_train[:batch_size], seed, tx, total)
+    step, predict, _ = linen_trainer(norm, x_train[:batch_size], seed, tx, total)
   elif api == "nnx":
     step, predict = nnx_trainer(norm, seed, tx, batch_size, total)
   else:

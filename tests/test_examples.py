@@ -143,3 +143,36 @@ def test_mini_transformer_post_ln_rms(capsys):
   assert _last_json_line(capsys) == result
   assert result["norm"] == "rms" and result["post_ln"] is True
   assert result["final_loss"] < result["initial_loss"]
+
+
+def test_small_batch_study_report_follows_its_numbers(tmp_path):
+  import small_batch_study as study
+
+  acc = {
+    order: {
+      n: {b: [0.9, 0.92] for b in study.BATCHES if order == "iid" or b <= 4} for n in study.NORMS
+    }
+    for order in study.ORDERS
+  }
+  acc["iid"]["ghost"] = {128: [0.95, 0.95]}
+  acc["by-class"]["batch"][2] = [0.6, 0.62]  # BatchNorm collapses on one-class batches
+  ft = {"pretrained": [0.97, 0.97]}
+  ft.update({f"{n}/{o}": [0.9, 0.9] for n in ("batch", "frozen") for o in study.ORDERS})
+  ft["frozen/by-class"] = [0.96, 0.97]
+  args = type("Args", (), dict(seeds=2, epochs=8, pre_epochs=12))()
+  study.write_report(str(tmp_path), acc, ft, args, 60.0)
+  text = (tmp_path / "small_batch.md").read_text()
+  assert "| batch | 0.910 ± 0.010 | 0.610 ± 0.010 | 0.910 ± 0.010 | — |" in text
+  assert "BatchNorm 0.610 ± 0.010 (below its 0.910 at batch 128" in text
+  assert "Batch Renorm 0.910 ± 0.010 (above BatchNorm)" in text
+  assert "frozen 0.965 ± 0.005 — frozen is above training BatchNorm" in text
+  assert os.path.getsize(tmp_path / "small_batch.png") > 10_000
+
+
+def test_small_batch_study_runs_a_tiny_grid(monkeypatch):
+  import small_batch_study as study
+
+  monkeypatch.setattr(study, "NORMS", ("renorm",))
+  acc = study.run_grid(seeds=1, epochs=1, batches=(4,))
+  assert set(acc) == {"iid", "by-class"} and set(acc["by-class"]) == {"renorm"}
+  assert all(0.1 < a["renorm"][4][0] <= 1.0 for a in acc.values())

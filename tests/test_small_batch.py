@@ -265,6 +265,30 @@ def test_ghost_module_running_statistics_and_devices(rng):
   np.testing.assert_allclose(nbn.mean[...], 0.5 * mean, rtol=1e-5, atol=1e-6)
 
 
+def test_ghost_with_unequal_masks_over_devices(rng):
+  n_dev, k = 8, 2
+  mesh = jax.make_mesh((n_dev,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+  x = _data(rng, (n_dev * 4, 3))
+  mask = np.zeros((n_dev * 4, 1), bool)
+  for dev, c in enumerate([4, 1, 0, 3, 2, 4, 0, 1]):  # valid rows per device, two empty
+    mask[dev * 4 : dev * 4 + c] = True
+
+  def fn(x, m):
+    y, stats = jaxnorm.batch_norm(x, mask=m, axis_name="d", virtual_batch_size=k)
+    return y, stats.mean, stats.var, stats.count
+
+  specs = dict(in_specs=(P("d"), P("d")), out_specs=(P("d"), P(), P(), P()))
+  mapped = jax.jit(jax.shard_map(fn, mesh=mesh, **specs))
+  with jax.set_mesh(mesh):
+    args = [jax.device_put(a, NamedSharding(mesh, P("d"))) for a in (x, mask)]
+    y, mean, var, count = (np.asarray(a) for a in mapped(*args))
+  expected, emean, evar = ref.ghost_batch_norm(x, k, mask=mask)
+  np.testing.assert_allclose(y, expected, rtol=1e-5, atol=3e-5)
+  np.testing.assert_allclose(mean, emean, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(var, evar, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(count, mask.sum())
+
+
 # -- Frozen BatchNorm --------------------------------------------------------------------
 
 
