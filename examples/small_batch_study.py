@@ -220,9 +220,10 @@ def write_report(out_dir, acc, ft, args, seconds):
     ax.legend()
   keys = ["pretrained"] + [f"{n}/{o}" for o in ORDERS for n in ("batch", "frozen")]
   axes[2].bar(range(len(keys)), [_ms(ft[k])[0] for k in keys], yerr=[_ms(ft[k])[1] for k in keys])
-  axes[2].set_xticks(range(len(keys)), [k.replace("/", "\n") for k in keys], fontsize=8)
+  names = ["pretrained\n(on 0–4)"] + [k.replace("/", "\n") + "\n(on 5–9)" for k in keys[1:]]
+  axes[2].set_xticks(range(len(keys)), names, fontsize=8)
   axes[2].set_ylim(min(_ms(ft[k])[0] for k in keys) - 0.05, 1.0)
-  axes[2].set_title("fine-tuning at batch 2")
+  axes[2].set_title("pretrained on digits 0–4, fine-tuned on 5–9 at batch 2")
   axes[2].grid(alpha=0.3, axis="y")
   fig.tight_layout()
   fig.savefig(os.path.join(out_dir, "small_batch.png"), dpi=110)
