@@ -10,7 +10,7 @@ next to :class:`BatchRenorm` and :class:`FrozenBatchNorm`; :mod:`jaxnorm.nnx` ho
 modules for ``flax.nnx``, over the same functions.
 """
 
-from jaxnorm import nnx
+from jaxnorm import convert, nnx
 from jaxnorm._axes import canonicalize_axes
 from jaxnorm._stats import Moments, moments, reduction_dtype, update_running_average
 from jaxnorm.batch import batch_norm_step, running_stats_dtypes
@@ -56,6 +56,7 @@ __all__ = [
   "batch_renorm",
   "batch_renorm_step",
   "canonicalize_axes",
+  "convert",
   "freeze_batch_norm",
   "frozen_batch_norm",
   "group_norm",

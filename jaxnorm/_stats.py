@@ -434,7 +434,10 @@ def update_running_average(
   running_mean: jax.Array,
   running_var: jax.Array,
   batch: Moments,
-  momentum: float,
+  momentum: float | None,
+  *,
+  unbiased: bool = False,
+  num_batches_tracked: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Exponential moving average of the statistics, Flax's convention.
 
@@ -443,27 +446,47 @@ def update_running_average(
   an empty batch) or when its batch mean or variance is not finite (a NaN or inf in the
   batch): one bad batch does not poison the running averages for good, while the output of
   that step still shows the NaN. PyTorch's ``momentum=0.1`` corresponds to
-  ``momentum=0.9`` here (PyTorch also stores the unbiased variance).
+  ``momentum=0.9`` here.
+
+  PyTorch's training convention, as options: ``unbiased=True`` stores the unbiased batch
+  variance ``n/(n − 1)·var`` (``n``: the batch's valid count, across devices and masks;
+  ``n = 1`` gives ``var``), and ``momentum=None`` with ``num_batches_tracked`` (the number
+  of updates before this one) is PyTorch's ``momentum=None``, the cumulative average
+  ``ra + (batch − ra)/(num_batches_tracked + 1)``.
 
   Args:
     running_mean: the running mean, of the statistics' shape (complex for complex data).
     running_var: the running variance, of the statistics' shape.
     batch: the batch :class:`Moments` (without kept dims), e.g. from :func:`moments`.
-    momentum: the decay rate in [0, 1]; a traced value is accepted (not range-checked).
+    momentum: the decay rate in [0, 1] (a traced value is accepted, not range-checked), or
+      None for the cumulative average.
+    unbiased: store the unbiased variance (PyTorch) instead of the biased one (Flax).
+    num_batches_tracked: updates so far; required with ``momentum=None``.
 
   Returns:
     ``(new_mean, new_var)`` in the running statistics' dtypes (a real running mean
     becomes complex when the batch mean is complex, as in Flax).
 
   Raises:
-    ValueError: for a concrete momentum outside [0, 1] or statistics of another shape.
+    ValueError: for a concrete momentum outside [0, 1], ``momentum=None`` without
+      ``num_batches_tracked``, or statistics of another shape.
 
   >>> m = Moments(jnp.array([2.0, 5.0]), jnp.array([4.0, 1.0]), jnp.array([8.0, 0.0]))
   >>> mean, var = update_running_average(jnp.zeros(2), jnp.ones(2), m, 0.9)
   >>> print(mean, var)
   [0.2 0. ] [1.3 1. ]
   """
+  if momentum is None:
+    if num_batches_tracked is None:
+      raise ValueError(
+        "momentum=None (PyTorch's cumulative average) needs num_batches_tracked, the number "
+        "of updates so far (a BatchNorm keeps it in its statistics); or give a momentum."
+      )
+    momentum = 1.0 - 1.0 / (jnp.asarray(num_batches_tracked).astype(jnp.float32) + 1.0)
   check_momentum(momentum)
+  if unbiased:
+    n = batch.count.astype(batch.var.dtype)
+    batch = batch._replace(var=batch.var * (n / jnp.maximum(n - 1, 1)))
   for name, ra, b in (("mean", running_mean, batch.mean), ("var", running_var, batch.var)):
     if jnp.shape(ra) != jnp.shape(b):
       raise ValueError(

@@ -67,7 +67,9 @@ def batch_norm_step(
   dtype: Any = None,
   force_float32_reductions: bool = True,
   virtual_batch_size: int | None = None,
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+  unbiased_running_var: bool = False,
+  num_batches_tracked: Any = None,
+) -> tuple[jax.Array, tuple[jax.Array, ...] | None]:
   """One call of a BatchNorm layer, as a pure function: ``(y, new_running_stats)``.
 
   - ``use_running_average``: normalize with ``running_mean``/``running_var``; no update
@@ -102,8 +104,16 @@ def batch_norm_step(
       (:func:`jaxnorm.batch_norm`); the running averages follow the sub-batches' mean
       statistics. Not used at ``init`` (whose dummy batch may be smaller) nor at inference.
 
+    unbiased_running_var: store the unbiased batch variance in the running average
+      (PyTorch's convention; not with ``virtual_batch_size``).
+    num_batches_tracked: the number of training updates so far (PyTorch's counter): with
+      it the step also returns the counter plus one, and ``momentum=None`` is PyTorch's
+      cumulative average.
+
   Returns:
-    ``(y, (new_mean, new_var))`` in training, ``(y, None)`` otherwise.
+    ``(y, (new_mean, new_var))`` in training (``(y, (new_mean, new_var,
+    num_batches_tracked + 1))`` when ``num_batches_tracked`` is given), ``(y, None)``
+    otherwise.
 
   >>> x = jnp.array([[1., 10.], [3., 30.]])
   >>> y, (mean, var) = batch_norm_step(
@@ -111,7 +121,18 @@ def batch_norm_step(
   >>> mean.tolist(), var.tolist()
   ([1.0, 10.0], [1.0, 50.5])
   """
-  check_momentum(momentum)
+  if momentum is not None:
+    check_momentum(momentum)
+  elif num_batches_tracked is None:
+    raise ValueError(
+      "momentum=None (PyTorch's cumulative average) needs the num_batches_tracked counter; "
+      "give a momentum in [0, 1] (PyTorch's m is 1 - m here) or the counter."
+    )
+  if unbiased_running_var and virtual_batch_size is not None:
+    raise ValueError(
+      "unbiased_running_var and virtual_batch_size cannot be combined (the sub-batches' "
+      "variances are averaged, with no single n for PyTorch's n/(n - 1)); drop one of them."
+    )
   x = jnp.asarray(x)
   common = dict(
     axis=axis,
@@ -147,4 +168,14 @@ def batch_norm_step(
     virtual_batch_size=virtual_batch_size,
     **common,
   )
-  return y, update_running_average(running_mean, running_var, stats, momentum)
+  new = update_running_average(
+    running_mean,
+    running_var,
+    stats,
+    momentum,
+    unbiased=unbiased_running_var,
+    num_batches_tracked=num_batches_tracked,
+  )
+  if num_batches_tracked is None:
+    return y, new
+  return y, (*new, jnp.asarray(num_batches_tracked) + 1)

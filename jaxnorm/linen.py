@@ -124,6 +124,11 @@ class BatchNorm(nn.BatchNorm):
       (default: all of them). For a sequence ``(B, T, D)`` with ``reduction_axes=0``, the
       statistics are kept per time step and feature; ``batch_stats`` then has shape
       ``(T, D)`` while ``scale`` and ``bias`` stay ``(D,)``.
+    unbiased_running_var: (jaxnorm) store the unbiased batch variance ``n/(n − 1)·var``
+      in the running average, PyTorch's convention (``n``: the valid count across devices
+      and masks); the output still uses the biased one, as PyTorch's (default False).
+      With ``momentum=None`` the running averages are PyTorch's cumulative average, and
+      ``batch_stats`` holds its counter ``num_batches_tracked`` (int32).
     virtual_batch_size: (jaxnorm) in training, normalize each consecutive sub-batch of
       this many examples along the batch axis (the first reduction axis) with its own
       statistics: ghost batch normalization (Hoffer et al. 2017). The batch on each device
@@ -133,6 +138,7 @@ class BatchNorm(nn.BatchNorm):
 
   reduction_axes: Axes | None = None
   virtual_batch_size: int | None = None
+  unbiased_running_var: bool = False
 
   @nn.compact
   def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
@@ -151,6 +157,9 @@ class BatchNorm(nn.BatchNorm):
     use_ra = _merge_use_running_average(self.use_running_average, use_running_average)
     x = jnp.asarray(x)
     feat, red, ra_mean, ra_var, scale, bias = _batch_norm_variables(self, x)
+    tracked = None
+    if self.momentum is None:  # PyTorch's cumulative average needs its counter
+      tracked = self.variable("batch_stats", "num_batches_tracked", jnp.zeros, (), jnp.int32)
     y, updated = batch_norm_step(
       x,
       scale,
@@ -169,9 +178,13 @@ class BatchNorm(nn.BatchNorm):
       dtype=self.dtype,
       force_float32_reductions=self.force_float32_reductions,
       virtual_batch_size=self.virtual_batch_size,
+      unbiased_running_var=self.unbiased_running_var,
+      num_batches_tracked=None if tracked is None else tracked.value,
     )
     if updated is not None:
-      ra_mean.value, ra_var.value = updated
+      ra_mean.value, ra_var.value = updated[:2]
+      if tracked is not None:
+        tracked.value = updated[2]
     return y
 
 

@@ -129,6 +129,9 @@ class BatchNorm(nnx.BatchNorm):
       keeps more than the feature axis, e.g. ``(T, D)`` for per-time-step statistics of a
       ``(B, T, D)`` input with ``reduction_axes=0`` (default ``(num_features,)``).
     virtual_batch_size: (jaxnorm) ghost batches, as in :class:`jaxnorm.linen.BatchNorm`.
+    unbiased_running_var: (jaxnorm) PyTorch's running variance, as in
+      :class:`jaxnorm.linen.BatchNorm`; ``momentum=None`` is PyTorch's cumulative average,
+      with an ``nnx.BatchStat`` ``num_batches_tracked`` counter.
 
   The running statistics are ``nnx.BatchStat`` in float32 (float64 for a float64
   ``param_dtype`` under ``jax_enable_x64``); a step whose batch has no valid element or
@@ -159,6 +162,7 @@ class BatchNorm(nnx.BatchNorm):
     reduction_axes: Axes | None = None,
     stats_shape: tuple[int, ...] | None = None,
     virtual_batch_size: int | None = None,
+    unbiased_running_var: bool = False,
   ):
     shape = (num_features,) if stats_shape is None else tuple(stats_shape)
     mean_dtype, var_dtype = running_stats_dtypes(param_dtype, jnp.float32, dtype)
@@ -182,6 +186,9 @@ class BatchNorm(nnx.BatchNorm):
     self.promote_dtype = promote_dtype
     self.reduction_axes = reduction_axes
     self.virtual_batch_size = virtual_batch_size
+    self.unbiased_running_var = unbiased_running_var
+    if momentum is None:  # PyTorch's cumulative average needs its counter
+      self.num_batches_tracked = nnx.BatchStat(jnp.zeros((), jnp.int32))
 
   def __call__(self, x, use_running_average: bool | None = None, *, mask: jax.Array | None = None):
     """Normalizes ``x`` with the batch statistics (training, updating the running averages)
@@ -195,9 +202,13 @@ class BatchNorm(nnx.BatchNorm):
       axis=feat,
       reduction_axes=red,
       virtual_batch_size=self.virtual_batch_size,
+      unbiased_running_var=self.unbiased_running_var,
+      num_batches_tracked=self.num_batches_tracked[...] if self.momentum is None else None,
       **_common(self, mask),
     )
     self._store(updated)
+    if updated is not None and self.momentum is None:
+      self.num_batches_tracked[...] = updated[2]
     return y
 
   def _prepare(self, x, use_running_average):
