@@ -176,3 +176,15 @@ def test_small_batch_study_runs_a_tiny_grid(monkeypatch):
   acc = study.run_grid(seeds=1, epochs=1, batches=(4,))
   assert set(acc) == {"iid", "by-class"} and set(acc["by-class"]) == {"renorm"}
   assert all(0.1 < a["renorm"][4][0] <= 1.0 for a in acc.values())
+
+
+def test_export_cnn_round_trip(capsys, tmp_path):
+  import export_cnn
+
+  export_cnn.main(["--epochs", "1", "--out", str(tmp_path)])
+  result = _last_json_line(capsys)
+  assert result["platforms"] == ["cpu", "cuda", "rocm", "tpu"]
+  assert result["predictions_agree"]
+  assert result["max_logit_difference"] < 1e-4 * max(1.0, result["max_logit"])
+  assert result["exported_test_accuracy"] == result["test_accuracy"] > 0.5
+  assert os.path.getsize(result["artifact"]) == result["artifact_bytes"] > 1000
