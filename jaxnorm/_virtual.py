@@ -50,13 +50,18 @@ def split_batch(x, mask, feature_axes, reduction_axes, k):
   return x.reshape(shape), mask, tuple(map(shift, feature_axes)), red, b
 
 
-def combine(stats: Moments, group_axis: int, axis_name: Any, axis_index_groups: Any) -> Moments:
+def combine(
+  stats: Moments, group_axis: int, axis_name: Any, axis_index_groups: Any, unbiased: bool = False
+) -> Moments:
   """The running statistics' view of the sub-batch ``stats`` (reduced dims squeezed, the
   sub-batch index at ``group_axis``): the means of the sub-batch means and variances over
   every sub-batch on every device, weighted by their valid counts (without a mask, the
-  plain means). A feature with no valid element anywhere gets count 0."""
+  plain means). A feature with no valid element anywhere gets count 0. ``unbiased``: each
+  sub-batch's variance is its unbiased one, ``n/(n − 1)·var`` (PyTorch's InstanceNorm with
+  running statistics is this with sub-batches of one example)."""
   count = stats.count.astype(stats.var.dtype)
-  sums = [jnp.sum(count * s, group_axis) for s in (stats.mean, stats.var)]
+  var = stats.var * (count / jnp.maximum(count - 1, 1)) if unbiased else stats.var
+  sums = [jnp.sum(count * s, group_axis) for s in (stats.mean, var)]
   total = jnp.sum(count, group_axis)
   mean_sum, var_sum, total = psum((*sums, total), axis_name, axis_index_groups)
   safe = jnp.maximum(total, 1)

@@ -16,7 +16,12 @@ import numpy as np
 
 from jaxnorm._axes import Axes, canonicalize_axes
 from jaxnorm._stats import check_momentum, reduction_dtype, update_running_average
-from jaxnorm.functional import batch_norm, batch_norm_axes, batch_norm_train
+from jaxnorm.functional import (
+  batch_norm,
+  batch_norm_axes,
+  batch_norm_train,
+  virtual_batch_train,
+)
 
 
 def running_stats_dtypes(
@@ -105,7 +110,8 @@ def batch_norm_step(
       statistics. Not used at ``init`` (whose dummy batch may be smaller) nor at inference.
 
     unbiased_running_var: store the unbiased batch variance in the running average
-      (PyTorch's convention; not with ``virtual_batch_size``).
+      (PyTorch's convention; with ``virtual_batch_size``, the mean of the sub-batches'
+      unbiased variances).
     num_batches_tracked: the number of training updates so far (PyTorch's counter): with
       it the step also returns the counter plus one, and ``momentum=None`` is PyTorch's
       cumulative average.
@@ -127,11 +133,6 @@ def batch_norm_step(
     raise ValueError(
       "momentum=None (PyTorch's cumulative average) needs the num_batches_tracked counter; "
       "give a momentum in [0, 1] (PyTorch's m is 1 - m here) or the counter."
-    )
-  if unbiased_running_var and virtual_batch_size is not None:
-    raise ValueError(
-      "unbiased_running_var and virtual_batch_size cannot be combined (the sub-batches' "
-      "variances are averaged, with no single n for PyTorch's n/(n - 1)); drop one of them."
     )
   x = jnp.asarray(x)
   common = dict(
@@ -158,16 +159,28 @@ def batch_norm_step(
       force_float32_reductions=force_float32_reductions,
     )
     return y, None
-  y, stats = batch_norm(
-    x,
-    scale,
-    bias,
-    mask=mask,
-    axis_name=axis_name,
-    axis_index_groups=axis_index_groups,
-    virtual_batch_size=virtual_batch_size,
-    **common,
-  )
+  if virtual_batch_size is not None and unbiased_running_var:
+    # Each sub-batch's own n/(n - 1): the average of unbiased variances (as PyTorch's
+    # InstanceNorm with running statistics, sub-batches of one example).
+    feat = canonicalize_axes(axis, x.ndim, name="axis")
+    red = batch_norm_axes(x.ndim, feat, reduction_axes)
+    common = {k: v for k, v in common.items() if k not in ("axis", "reduction_axes")}
+    y, stats = virtual_batch_train(
+      x, scale, bias, feat, red, virtual_batch_size, mask, axis_name, axis_index_groups,
+      unbiased=True, **common,
+    )  # fmt: skip
+    unbiased_running_var = False  # already applied per sub-batch
+  else:
+    y, stats = batch_norm(
+      x,
+      scale,
+      bias,
+      mask=mask,
+      axis_name=axis_name,
+      axis_index_groups=axis_index_groups,
+      virtual_batch_size=virtual_batch_size,
+      **common,
+    )
   new = update_running_average(
     running_mean,
     running_var,

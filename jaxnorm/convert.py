@@ -13,6 +13,8 @@ widely used ones do not:
 - **ε**: 1e-5 for every PyTorch norm (Flax's LayerNorm/GroupNorm/RMSNorm default to
   1e-6), and ``RMSNorm(eps=None)`` means the input dtype's machine epsilon
   (1.19e-7 in float32, 7.8e-3 in bfloat16);
+- **InstanceNorm with running statistics** (``track_running_stats=True``, which PyTorch
+  uses at evaluation) is a ``BatchNorm`` with ``virtual_batch_size=1``;
 - **layout**: PyTorch is channels-first; ``channels_first=True`` (default) puts the
   feature axis at 1 (``axis=1``, ``feature_axis=1``, ``feature_axes=1``), for inputs kept
   as NCHW; with ``channels_first=False`` (inputs transposed to NHWC) it is -1.
@@ -151,11 +153,11 @@ def from_torch(
     return _batch_norm(state_dict, params, common, eps, momentum, channel, torch_training)
   if kind.startswith("InstanceNorm"):
     if _array(state_dict, "running_mean") is not None:
-      raise ValueError(
-        f"{kind} with track_running_stats=True normalizes with running averages of "
-        f"instance statistics at evaluation, which jaxnorm's InstanceNorm does not keep; "
-        f"convert the model with track_running_stats=False, or evaluate it in training mode."
-      )
+      # Running averages of instance statistics, used at evaluation: a BatchNorm whose
+      # sub-batches are single examples (instance statistics in training).
+      bn = _batch_norm(state_dict, params, common, eps, momentum, channel, torch_training)
+      bn.kwargs["virtual_batch_size"] = bn.nnx_kwargs["virtual_batch_size"] = 1
+      return bn
     c = _features(weight, bias, None, num_features, kind)
     kw = dict(epsilon=torch_epsilon(eps), feature_axes=channel, **common)
     return TorchNorm("InstanceNorm", kw, dict(num_features=c, **kw), _vars(params))

@@ -745,7 +745,7 @@ def batch_norm(
     if mean is not None:
       return batch_norm_eval(x, scale, bias, mean, var, feat, red, **common)
     if virtual_batch_size is not None:
-      return _virtual_batch_train(
+      return virtual_batch_train(
         x, scale, bias, feat, red, virtual_batch_size, mask, axis_name, axis_index_groups, **common
       )
     check_batch_values(x.shape, red, axis_name)
@@ -762,8 +762,11 @@ def batch_norm(
     )
 
 
-def _virtual_batch_train(x, scale, bias, feat, red, k, mask, axis_name, axis_index_groups, **kw):
-  """Training BatchNorm on sub-batches of ``k`` examples (see :mod:`jaxnorm._virtual`)."""
+def virtual_batch_train(
+  x, scale, bias, feat, red, k, mask, axis_name, axis_index_groups, unbiased=False, **kw
+):
+  """Training BatchNorm on sub-batches of ``k`` examples (see :mod:`jaxnorm._virtual`);
+  ``unbiased``: the returned variance averages the sub-batches' unbiased variances."""
   k = check_virtual_batch_size(k, x.shape[red[0]], red[0])
   if sub_batch_examples(x.shape, red, k) == 1:
     raise ValueError(
@@ -774,7 +777,7 @@ def _virtual_batch_train(x, scale, bias, feat, red, k, mask, axis_name, axis_ind
   xs, ms, feat_s, red_s, b = split_batch(x, mask, feat, red, k)
   y, stats = batch_norm_train(xs, scale, bias, feat_s, red_s, mask=ms, **kw)
   group_axis = sum(1 for a in range(b) if a not in red_s)  # among the kept axes
-  return y.reshape(x.shape), combine(stats, group_axis, axis_name, axis_index_groups)
+  return y.reshape(x.shape), combine(stats, group_axis, axis_name, axis_index_groups, unbiased)
 
 
 def batch_norm_eval(

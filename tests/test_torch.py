@@ -29,6 +29,7 @@ CASES = {
   "ln_d": ("LayerNorm", dict(eps=1e-6)),
   "gn": ("GroupNorm", dict(num_groups=2)),
   "in2d": ("InstanceNorm2d", dict(num_features=3)),
+  "in2d_affine_stats": ("InstanceNorm2d", {}),
   "rms_f32": ("RMSNorm", dict(eps=None)),
   "rms_bf16": ("RMSNorm", dict(eps=None, dtype=jnp.bfloat16)),
 }
@@ -75,7 +76,9 @@ def test_linen_layer_reproduces_pytorch(name):
   np.testing.assert_allclose(np.asarray(y, np.float32), data["y"], **_tol(name))
 
 
-@pytest.mark.parametrize("name", ["bn2d", "bn2d_cumulative", "ln_chw", "gn", "rms_bf16"])
+@pytest.mark.parametrize(
+  "name", ["bn2d", "bn2d_cumulative", "ln_chw", "gn", "in2d_affine_stats", "rms_bf16"]
+)
 def test_nnx_layer_reproduces_pytorch(name):
   kind, options = CASES[name]
   module = convert.from_torch(kind, _case(name, "init"), **options).nnx(nnx.Rngs(0))
@@ -115,8 +118,6 @@ def test_clear_errors():
     convert.from_torch("BatchNorm", {})
   with pytest.raises(ValueError, match="num_groups"):
     convert.from_torch("GroupNorm", _case("gn", "init"))
-  with pytest.raises(ValueError, match="track_running_stats"):
-    convert.from_torch("InstanceNorm2d", _case("in2d_affine_stats", "init"))
   with pytest.raises(ValueError, match="PyTorch's, in"):
     convert.from_torch("BatchNorm2d", _case("bn2d", "init"), momentum=0.99 + 1)
 
