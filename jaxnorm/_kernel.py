@@ -122,7 +122,7 @@ def _view(shape, axes, channel_groups, *operands):
   given the small ``operands`` (parameters, mask; None allowed) that broadcast onto it."""
   full = [tuple(jnp.shape(o)[i] != 1 for o in operands if o is not None) for i in range(len(shape))]
   channel = None if channel_groups is None else channel_groups[0]
-  groups = []
+  groups: list[tuple[int, ...]] = []
   for i in range(len(shape)):
     if (
       groups
@@ -147,7 +147,7 @@ def _primal(x, scale, bias, mask, cfg, differentiated=False):
   under differentiation from shifted sums (``_shifted_moments``: no ``lax.cond``, whose
   untaken branch XLA counts as 4|x| of traffic). Both are accurate for any offset."""
   v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias)
-  shift = "checked"
+  shift: Any = "checked"  # or the shifts, or None (see group_moments)
   rows = v.axes == (len(v.groups) - 1,) and cfg.channel_groups is None
   if not differentiated and rows and mask is None and cfg.axis_name is None:
     v = _View(tuple((i,) for i in range(x.ndim)), cfg.axes, None)

@@ -36,7 +36,7 @@ class Moments(NamedTuple):
 
   mean: jax.Array
   var: jax.Array
-  count: jax.Array
+  count: jax.Array  # type: ignore[assignment]  # (a field named like tuple.count, on purpose)
 
 
 def reduction_dtype(x_dtype: Any, dtype: Any = None, force_float32: bool = True) -> np.dtype:
@@ -347,8 +347,10 @@ def group_moments(
 
   if valid is None and center and axis_name is None:
     if isinstance(shifts, str):  # the undifferentiated forward: see _checked_moments
-      return result(*_checked_moments(raw, x.dtype, axes, inv_n, groups), count)
-    return result(*_shifted_moments(x, axes, inv_n, groups, shifts), count)
+      mean, var = _checked_moments(raw, x.dtype, axes, inv_n, groups)
+    else:
+      mean, var = _shifted_moments(x, axes, inv_n, groups, shifts)
+    return result(mean, var, count)
   mean, m2 = _two_pass(x, axes, groups, center, valid, inv_n)
   if axis_name is None:
     return result(mean, m2 * inv_n, count)
@@ -482,8 +484,10 @@ def update_running_average(
         "momentum=None (PyTorch's cumulative average) needs num_batches_tracked, the number "
         "of updates so far (a BatchNorm keeps it in its statistics); or give a momentum."
       )
-    momentum = 1.0 - 1.0 / (jnp.asarray(num_batches_tracked).astype(jnp.float32) + 1.0)
-  check_momentum(momentum)
+    decay: Any = 1.0 - 1.0 / (jnp.asarray(num_batches_tracked).astype(jnp.float32) + 1.0)
+  else:
+    decay = momentum
+  check_momentum(decay)
   if unbiased:
     n = batch.count.astype(batch.var.dtype)
     batch = batch._replace(var=batch.var * (n / jnp.maximum(n - 1, 1)))
@@ -500,7 +504,7 @@ def update_running_average(
     dtype = ra.dtype
     if jnp.iscomplexobj(b) and not jnp.iscomplexobj(ra):
       dtype = jnp.promote_types(dtype, b.dtype)
-    new = momentum * ra + (1.0 - momentum) * b
+    new = decay * ra + (1.0 - decay) * b
     return jnp.where(use, new, ra).astype(dtype)
 
   return ema(running_mean, batch.mean), ema(running_var, batch.var)

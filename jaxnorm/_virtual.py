@@ -68,6 +68,6 @@ def combine(
   return Moments(mean_sum / safe, var_sum / safe, total.astype(stats.count.dtype))
 
 
-def sub_batch_examples(shape, reduction_axes, k) -> int:
+def sub_batch_examples(shape: tuple[int, ...], reduction_axes: tuple[int, ...], k: int) -> int:
   """Values per statistic in one sub-batch: ``k`` times the other reduced sizes."""
   return k * math.prod(shape[a] for a in reduction_axes[1:])

@@ -8,7 +8,7 @@ step returns.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -142,8 +142,9 @@ def batch_norm_step(
     dtype=dtype,
     force_float32_reductions=force_float32_reductions,
   )
-  if use_running_average:
-    return batch_norm(x, scale, bias, mean=running_mean, var=running_var, **common), None
+  if use_running_average:  # (with given statistics batch_norm returns y alone)
+    y_eval = batch_norm(x, scale, bias, mean=running_mean, var=running_var, **common)
+    return cast(jax.Array, y_eval), None
   if initializing:
     feat = canonicalize_axes(axis, x.ndim, name="axis")
     red = batch_norm_axes(x.ndim, feat, reduction_axes)

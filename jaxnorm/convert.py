@@ -61,13 +61,13 @@ class TorchNorm(NamedTuple):
   nnx_kwargs: dict
   variables: dict
 
-  def linen(self):
+  def linen(self) -> Any:
     """The Linen module (apply it with :attr:`variables`)."""
     import jaxnorm.linen
 
     return getattr(jaxnorm.linen, self.module)(**self.kwargs)
 
-  def nnx(self, rngs: Any):
+  def nnx(self, rngs: Any) -> Any:
     """The NNX module with the converted values loaded."""
     from jaxnorm import nnx as jnnx
 
@@ -259,7 +259,7 @@ def norms_from_state_dict(
     modules.setdefault(prefix, {})[leaf] = value
   variables: dict = {}
   layers: dict[str, TorchNorm] = {}
-  used = set()
+  used: set[str] = set()
   for prefix, arrays in modules.items():
     for pattern, (kind, path) in rules.items():
       if re.fullmatch(pattern, prefix):

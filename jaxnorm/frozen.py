@@ -105,7 +105,9 @@ def freeze_batch_norm(variables: Any, frozen: str = "frozen", trainable: str = "
   )
 
 
-def batch_norm_labels(stats: Any, params: Any, *, frozen: str, trainable: str, is_leaf=None):
+def batch_norm_labels(
+  stats: Any, params: Any, *, frozen: str, trainable: str, is_leaf: Any = None
+) -> Any:
   """Labels of ``params``: ``frozen`` for the ``scale``/``bias`` beside a ``mean`` in
   ``stats`` (the same path), ``trainable`` for the rest (``is_leaf`` as in ``jax.tree``)."""
   norms = set()

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxnorm._axes import Axes, broadcast_shape, canonicalize_axes, complement, kept_shape
 from jaxnorm._kernel import affine_normalize, apply_moments
@@ -54,7 +55,9 @@ def _param(value, name, x_shape, feature_axes):
   return value.reshape(broadcast_shape(x_shape, feature_axes))
 
 
-def compute_dtype(x: Any, *operands: Any, dtype: Any = None, force_float32: bool = True):
+def compute_dtype(
+  x: Any, *operands: Any, dtype: Any = None, force_float32: bool = True
+) -> np.dtype:
   """The dtype the kernel runs in: :func:`jaxnorm.reduction_dtype` of ``x``, made complex
   when a parameter or statistic among ``operands`` is (Flax then returns complex too)."""
   cdt = reduction_dtype(jnp.asarray(x).dtype, dtype, force_float32)
@@ -570,6 +573,7 @@ def resolve_groups(channels: int, num_groups: int | None, group_size: int | None
         f"divisor of {channels} (e.g. {_divisors(channels)})."
       )
     return channels // group_size or 1  # no channels: one empty group
+  assert num_groups is not None  # (exactly one of the two is given, checked above)
   if num_groups <= 0 or channels % num_groups:
     raise ValueError(
       f"num_groups={num_groups} does not divide the {channels} channels; choose a "
@@ -781,19 +785,31 @@ def virtual_batch_train(
 
 
 def batch_norm_eval(
-  x, scale, bias, mean, var, feat, red, *, epsilon, dtype, force_float32_reductions
+  x: jax.Array,
+  scale: jax.Array | None,
+  bias: jax.Array | None,
+  mean: Any,
+  var: Any,
+  feat: tuple[int, ...],
+  red: tuple[int, ...],
+  *,
+  epsilon: float,
+  dtype: Any,
+  force_float32_reductions: bool,
 ) -> jax.Array:
   """BatchNorm with given statistics (axes already canonical): checks their shapes, then
   ``γ·(x − mean)/sqrt(var + ε) + β``."""
   cdt = compute_dtype(x, scale, bias, mean, dtype=dtype, force_float32=force_float32_reductions)
-  stats = given_stats(x.shape, red, mean, var, cdt)
+  given_mean, given_var = given_stats(x.shape, red, mean, var, cdt)
   gamma, beta = _params(scale, bias, x.shape, feat, cdt)
-  y = apply_moments(x.astype(cdt), *stats, gamma, beta, epsilon=epsilon)
+  y = apply_moments(x.astype(cdt), given_mean, given_var, gamma, beta, epsilon=epsilon)
   complex_mean = mean if jnp.iscomplexobj(mean) else None  # a real mean is not promoted with
   return y.astype(output_dtype(x, scale, bias, complex_mean, dtype=dtype))  # (Flax's rule)
 
 
-def check_batch_values(x_shape, red, axis_name, name="batch_norm") -> None:
+def check_batch_values(
+  x_shape: tuple[int, ...], red: tuple[int, ...], axis_name: Any, name: str = "batch_norm"
+) -> None:
   """Raises if training statistics would have one value each (on one device)."""
   if math.prod(x_shape[a] for a in red) == 1 and axis_name is None:
     raise ValueError(
@@ -804,7 +820,9 @@ def check_batch_values(x_shape, red, axis_name, name="batch_norm") -> None:
     )
 
 
-def given_stats(x_shape, red, mean, var, dtype) -> list[jax.Array]:
+def given_stats(
+  x_shape: tuple[int, ...], red: tuple[int, ...], mean: Any, var: Any, dtype: Any
+) -> list[jax.Array]:
   """``mean`` and ``var`` checked against the statistics' shape of an ``x_shape`` input
   reduced over ``red``, cast to ``dtype`` and reshaped to broadcast against ``x``."""
   stats_shape = kept_shape(x_shape, red)
@@ -822,7 +840,14 @@ def given_stats(x_shape, red, mean, var, dtype) -> list[jax.Array]:
   return stats
 
 
-def batch_norm_train(x, scale, bias, feat, red, **kw) -> tuple[jax.Array, Moments]:
+def batch_norm_train(
+  x: jax.Array,
+  scale: jax.Array | None,
+  bias: jax.Array | None,
+  feat: tuple[int, ...],
+  red: tuple[int, ...],
+  **kw: Any,
+) -> tuple[jax.Array, Moments]:
   """BatchNorm with the batch's statistics (axes already canonical; no batch-size check):
   ``(y, Moments)`` with the moments squeezed to the statistics' shape."""
   y, stats = _norm(x, red, feat, scale, bias, **kw)

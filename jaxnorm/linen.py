@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 from jax.nn import initializers
 
@@ -38,8 +39,8 @@ Dtype = Any
 
 
 def _affine_params(
-  module: nn.Module, shape: tuple[int, ...], use_bias: bool, scale_init: Initializer | None = None
-):
+  module: Any, shape: tuple[int, ...], use_bias: bool, scale_init: Initializer | None = None
+) -> tuple[jax.Array | None, jax.Array | None]:
   """Creates ``scale`` then ``bias`` (Flax's order, so random initializers match)."""
   scale = bias = None
   if module.use_scale:
@@ -60,7 +61,7 @@ def _merge_use_running_average(attribute: bool | None, argument: bool | None) ->
   return bool(attribute if argument is None else argument)
 
 
-def _batch_norm_variables(module: nn.Module, x):
+def _batch_norm_variables(module: Any, x: jax.Array) -> tuple[Any, ...]:
   """A BatchNorm-family module's axes and variables, as Flax's BatchNorm declares them:
   ``(feature axes, reduction axes, mean, var, scale, bias)`` (the statistics as Flax
   variables, the parameters as values or None)."""
@@ -141,7 +142,9 @@ class BatchNorm(nn.BatchNorm):
   unbiased_running_var: bool = False
 
   @nn.compact
-  def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
+  def __call__(
+    self, x: jax.Array, use_running_average: bool | None = None, *, mask: jax.Array | None = None
+  ) -> jax.Array:
     """Normalizes ``x`` with batch statistics (training) or running averages.
 
     Args:
@@ -233,7 +236,9 @@ class BatchRenorm(nn.BatchNorm):
   d_max_steps: int | None = 25000
 
   @nn.compact
-  def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
+  def __call__(
+    self, x: jax.Array, use_running_average: bool | None = None, *, mask: jax.Array | None = None
+  ) -> jax.Array:
     """Normalizes ``x``: renormalized batch statistics in training (updating ``mean``,
     ``var`` and ``steps``), the running averages otherwise; arguments as in
     :meth:`BatchNorm.__call__`."""
@@ -303,7 +308,9 @@ class FrozenBatchNorm(BatchNorm):
     super().__post_init__()
 
   @nn.compact
-  def __call__(self, x, use_running_average: bool | None = None, *, mask=None):
+  def __call__(
+    self, x: jax.Array, use_running_average: bool | None = None, *, mask: jax.Array | None = None
+  ) -> jax.Array:
     """Normalizes ``x`` with the stored statistics; the arguments are accepted and unused."""
     del use_running_average, mask
     x = jnp.asarray(x)
@@ -357,7 +364,9 @@ class LayerNorm(nn.LayerNorm):
   residual_dtype: Dtype | None = None
 
   @nn.compact
-  def __call__(self, x, *, mask=None, residual=None):
+  def __call__(
+    self, x: jax.Array, *, mask: jax.Array | None = None, residual: jax.Array | None = None
+  ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Applies layer normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`).
 
     With a ``residual`` (jaxnorm), Add & Norm: returns ``(y, h)`` with ``h = x + residual``
@@ -423,7 +432,9 @@ class RMSNorm(nn.RMSNorm):
   residual_dtype: Dtype | None = None
 
   @nn.compact
-  def __call__(self, x, *, mask=None, residual=None):
+  def __call__(
+    self, x: jax.Array, *, mask: jax.Array | None = None, residual: jax.Array | None = None
+  ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Applies RMS normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`); with a
     ``residual``, Add & Norm returning ``(y, h)`` (see :func:`jaxnorm.add_rms_norm`)."""
     x = jnp.asarray(x)
@@ -486,7 +497,7 @@ class GroupNorm(nn.GroupNorm):
   feature_axis: int = -1
 
   @nn.compact
-  def __call__(self, x, *, mask=None):
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Applies group normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
     x = jnp.asarray(x)
     f = F.channel_axis(self.feature_axis, x.ndim)
@@ -538,7 +549,7 @@ class InstanceNorm(nn.InstanceNorm):
   """
 
   @nn.compact
-  def __call__(self, x, *, mask=None):
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Applies instance normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
     x = jnp.asarray(x)
     feat = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")

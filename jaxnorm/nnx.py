@@ -190,7 +190,9 @@ class BatchNorm(nnx.BatchNorm):
     if momentum is None:  # PyTorch's cumulative average needs its counter
       self.num_batches_tracked = nnx.BatchStat(jnp.zeros((), jnp.int32))
 
-  def __call__(self, x, use_running_average: bool | None = None, *, mask: jax.Array | None = None):
+  def __call__(
+    self, x: jax.Array, use_running_average: bool | None = None, *, mask: jax.Array | None = None
+  ) -> jax.Array:
     """Normalizes ``x`` with the batch statistics (training, updating the running averages)
     or with the running averages; ``use_running_average`` overrides the attribute."""
     use_ra, x, args, feat, red = self._prepare(x, use_running_average)
@@ -245,7 +247,7 @@ class BatchNorm(nnx.BatchNorm):
     self.mean[...] = mean.reshape(self.mean.shape)
     self.var[...] = var.reshape(self.var.shape)
 
-  def set_view(self, use_running_average: bool | None = None):
+  def set_view(self, use_running_average: bool | None = None) -> None:
     """Called by ``nnx.view(model, use_running_average=...)``: sets the default mode."""
     if use_running_average is not None:
       self.use_running_average = use_running_average
@@ -293,13 +295,18 @@ class BatchRenorm(BatchNorm):
     self.r_max_steps = r_max_steps
     self.d_max_steps = d_max_steps
 
-  def __call__(self, x, use_running_average: bool | None = None, *, mask: jax.Array | None = None):
+  def __call__(
+    self, x: jax.Array, use_running_average: bool | None = None, *, mask: jax.Array | None = None
+  ) -> jax.Array:
     """Renormalized batch statistics in training (updating ``mean``, ``var``, ``steps``),
     the running averages otherwise; ``use_running_average`` overrides the attribute."""
-    use_ra, x, args, feat, red = self._prepare(x, use_running_average)
+    use_ra, x, (scale, bias, mean, var), feat, red = self._prepare(x, use_running_average)
     y, updated = batch_renorm_step(
       x,
-      *args,
+      scale,
+      bias,
+      mean,
+      var,
       self.steps[...],
       use_running_average=use_ra,
       momentum=self.momentum,
@@ -332,7 +339,9 @@ class FrozenBatchNorm(BatchNorm):
     (2, 3)
   """
 
-  def __call__(self, x, use_running_average: bool | None = None, *, mask: jax.Array | None = None):
+  def __call__(
+    self, x: jax.Array, use_running_average: bool | None = None, *, mask: jax.Array | None = None
+  ) -> jax.Array:
     """Normalizes ``x`` with the stored statistics; the arguments are accepted and unused."""
     del use_running_average, mask
     _, x, args, feat, red = self._prepare(x, True)
@@ -341,7 +350,9 @@ class FrozenBatchNorm(BatchNorm):
     )
 
 
-def freeze_batch_norm(model: nnx.Module, frozen: str = "frozen", trainable: str = "trainable"):
+def freeze_batch_norm(
+  model: nnx.Module, frozen: str = "frozen", trainable: str = "trainable"
+) -> Any:
   """Labels of ``nnx.state(model, nnx.Param)`` for an optimizer that leaves every
   BatchNorm alone (:func:`jaxnorm.freeze_batch_norm` for ``flax.nnx``): the ``scale`` and
   ``bias`` of every module holding a ``mean`` ``BatchStat`` are ``frozen``, the rest
@@ -422,7 +433,9 @@ class LayerNorm(nnx.LayerNorm):
     self.promote_dtype = promote_dtype
     self.residual_dtype = residual_dtype
 
-  def __call__(self, x, *, mask: jax.Array | None = None, residual: jax.Array | None = None):
+  def __call__(
+    self, x: jax.Array, *, mask: jax.Array | None = None, residual: jax.Array | None = None
+  ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Applies layer normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`); with a
     ``residual``, Add & Norm returning ``(y, h)`` (see :func:`jaxnorm.add_layer_norm`)."""
     x, scale, bias = self.promote_dtype((x, _read(self.scale), _read(self.bias)), dtype=self.dtype)
@@ -451,6 +464,8 @@ class RMSNorm(nnx.RMSNorm):
       ``scale_init(...) − 1`` (zeros).
     residual_dtype: (jaxnorm) the dtype of ``h`` in Add & Norm (see :class:`LayerNorm`).
   """
+
+  bias: nnx.Param | None  # (jaxnorm) flax.nnx.RMSNorm has no bias
 
   def __init__(
     self,
@@ -497,7 +512,9 @@ class RMSNorm(nnx.RMSNorm):
     self.zero_centered_scale = zero_centered_scale
     self.residual_dtype = residual_dtype
 
-  def __call__(self, x, mask: jax.Array | None = None, *, residual: jax.Array | None = None):
+  def __call__(
+    self, x: jax.Array, mask: jax.Array | None = None, *, residual: jax.Array | None = None
+  ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Applies RMS normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`); with a
     ``residual``, Add & Norm returning ``(y, h)`` (see :func:`jaxnorm.add_rms_norm`)."""
     bias = None
@@ -578,7 +595,7 @@ class GroupNorm(nnx.GroupNorm):
     self.use_fast_variance = use_fast_variance
     self.promote_dtype = promote_dtype
 
-  def __call__(self, x, *, mask: jax.Array | None = None):
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Applies group normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
     x, scale, bias = self.promote_dtype((x, _read(self.scale), _read(self.bias)), dtype=self.dtype)
     return F.group_norm(
@@ -650,7 +667,7 @@ class InstanceNorm(nnx.InstanceNorm):
     self.use_fast_variance = use_fast_variance
     self.promote_dtype = promote_dtype
 
-  def __call__(self, x, *, mask: jax.Array | None = None):
+  def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Applies instance normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
     x, scale, bias = self.promote_dtype((x, _read(self.scale), _read(self.bias)), dtype=self.dtype)
     return F.instance_norm(
