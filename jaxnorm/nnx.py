@@ -247,10 +247,8 @@ class BatchNorm(nnx.BatchNorm):
     self.mean[...] = mean.reshape(self.mean.shape)
     self.var[...] = var.reshape(self.var.shape)
 
-  def set_view(self, use_running_average: bool | None = None) -> None:
-    """Called by ``nnx.view(model, use_running_average=...)``: sets the default mode."""
-    if use_running_average is not None:
-      self.use_running_average = use_running_average
+  # set_view (nnx.view's hook) is flax.nnx.BatchNorm's own, whose signature differs between
+  # Flax versions.
 
 
 class BatchRenorm(BatchNorm):
