@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm._kernel import check_epsilon
+from jaxnorm.frozen import scale_and_shift
 
 
 def fold_batch_norm(
@@ -57,13 +58,11 @@ def fold_batch_norm(
       f"features (statistics of shape ({out},)) that directly follows it."
     )
   acc = jnp.promote_types(kernel.dtype, jnp.float32)
-  s = jax.lax.rsqrt(var.astype(acc) + eps)
-  if "scale" in params:
-    s = s * jnp.asarray(params["scale"], acc)
-  bias = jnp.asarray(layer["bias"], acc) if "bias" in layer else jnp.zeros(out, acc)
-  bias = (bias - mean.astype(acc)) * s
-  if "bias" in params:
-    bias = bias + jnp.asarray(params["bias"], acc)
+  gamma, beta = (
+    None if k not in params else jnp.asarray(params[k], acc) for k in ("scale", "bias")
+  )
+  s, shift = scale_and_shift(gamma, beta, mean.astype(acc), var.astype(acc), eps)
+  bias = shift if "bias" not in layer else jnp.asarray(layer["bias"], acc) * s + shift
   folded = kernel.astype(acc) * s.reshape((1,) * (kernel.ndim - 1) + (out,))
   return {"kernel": folded.astype(kernel.dtype), "bias": bias.astype(kernel.dtype)}
 

@@ -59,12 +59,20 @@ def frozen_batch_norm(
   cdt = compute_dtype(x, scale, bias, mean, dtype=dtype, force_float32=force_float32_reductions)
   mean, var = given_stats(x.shape, red, mean, var, cdt)
   gamma, beta = _params(scale, bias, x.shape, feat, cdt)
-  s = lax.rsqrt(var + eps) if gamma is None else gamma * lax.rsqrt(var + eps)
-  shift = -mean * s if beta is None else beta - mean * s
-  s, shift = lax.stop_gradient(s), lax.stop_gradient(shift)
+  s, shift = map(lax.stop_gradient, scale_and_shift(gamma, beta, mean, var, eps))
   y = x.astype(cdt) * s + shift
   complex_mean = mean if jnp.iscomplexobj(mean) else None
   return y.astype(output_dtype(x, scale, bias, complex_mean, dtype=dtype))
+
+
+def scale_and_shift(
+  scale: jax.Array | None, bias: jax.Array | None, mean: jax.Array, var: jax.Array, eps: float
+) -> tuple[jax.Array, jax.Array]:
+  """An inference BatchNorm as the affine map ``x·s + shift``: ``s = γ·rsqrt(var + ε)``,
+  ``shift = β − μ·s`` (``γ``, ``β`` None: 1 and 0); shared by :func:`frozen_batch_norm`
+  and the folding of :mod:`jaxnorm.fold`."""
+  s = lax.rsqrt(var + eps) if scale is None else scale * lax.rsqrt(var + eps)
+  return s, (-mean * s if bias is None else bias - mean * s)
 
 
 def freeze_batch_norm(variables: Any, frozen: str = "frozen", trainable: str = "trainable") -> Any:

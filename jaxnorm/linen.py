@@ -77,6 +77,18 @@ def _batch_norm_variables(module: Any, x: jax.Array) -> tuple[Any, ...]:
   return feat, red, ra_mean, ra_var, scale, bias
 
 
+def _statistics_kwargs(module: Any, mask: jax.Array | None) -> dict[str, Any]:
+  """The keyword arguments a BatchNorm-family module passes on to its step unchanged."""
+  return dict(
+    epsilon=module.epsilon,
+    mask=mask,
+    axis_name=module.axis_name,
+    axis_index_groups=module.axis_index_groups,
+    dtype=module.dtype,
+    force_float32_reductions=module.force_float32_reductions,
+  )
+
+
 class BatchNorm(nn.BatchNorm):
   """Batch normalization (Ioffe & Szegedy 2015), drop-in for ``flax.linen.BatchNorm``.
 
@@ -174,12 +186,7 @@ class BatchNorm(nn.BatchNorm):
       initializing=self.is_initializing(),
       axis=feat,
       reduction_axes=red,
-      epsilon=self.epsilon,
-      mask=mask,
-      axis_name=self.axis_name,
-      axis_index_groups=self.axis_index_groups,
-      dtype=self.dtype,
-      force_float32_reductions=self.force_float32_reductions,
+      **_statistics_kwargs(self, mask),
       virtual_batch_size=self.virtual_batch_size,
       unbiased_running_var=self.unbiased_running_var,
       num_batches_tracked=None if tracked is None else tracked.value,
@@ -263,12 +270,7 @@ class BatchRenorm(nn.BatchNorm):
       d_max_steps=self.d_max_steps,
       axis=feat,
       reduction_axes=red,
-      epsilon=self.epsilon,
-      mask=mask,
-      axis_name=self.axis_name,
-      axis_index_groups=self.axis_index_groups,
-      dtype=self.dtype,
-      force_float32_reductions=self.force_float32_reductions,
+      **_statistics_kwargs(self, mask),
     )
     if updated is not None:
       ra_mean.value, ra_var.value, steps.value = updated
