@@ -9,10 +9,10 @@ Transformers, RMSNorm being cheaper. This script trains
   several seeds), and
 - the mini Transformer with LayerNorm and RMSNorm, Pre-LN and Post-LN (same steps),
 
-and writes ``docs/norm_comparison.md`` (tables), ``docs/norm_comparison.png`` (plots) and
-``docs/norm_comparison.json`` (raw numbers). About 15 minutes on 2 CPU cores:
+and writes ``docs/studies/norm_comparison.md`` (tables), ``docs/studies/norm_comparison.png``
+(plots) and ``docs/studies/norm_comparison.json`` (raw numbers). About 15 minutes on 2 CPU cores:
 
-  python examples/compare_norms.py [--out docs] [--seeds 2] [--epochs 8] [--steps 600]
+  python examples/compare_norms.py [--out docs/studies] [--seeds 2] [--epochs 8] [--steps 600]
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def write_report(out_dir: str, cnn: dict, tf: dict, args, seconds: float) -> Non
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", default="docs")
+  ap.add_argument("--out", default="docs/studies")
   ap.add_argument("--seeds", type=int, default=2)
   ap.add_argument("--epochs", type=int, default=8)
   ap.add_argument("--steps", type=int, default=600)

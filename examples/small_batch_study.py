@@ -3,7 +3,7 @@ BatchNorm, measured on the mini CNN.
 
 BatchNorm's weak spot is the small batch: noisy statistics, and a mismatch between
 training (batch statistics) and inference (running averages). On the digits task the mini
-CNN barely suffers at batch 2 when batches are drawn i.i.d. (docs/norm_comparison.md), so
+CNN barely suffers at batch 2 when batches are drawn i.i.d. (docs/studies/norm_comparison.md), so
 this study also draws them **by class** (every batch holds one digit): the non-i.i.d.
 setting of Ioffe (2017), where each batch's statistics are far from the population's, as
 with sequential data, per-class sampling or one video per batch. It trains
@@ -17,10 +17,11 @@ with sequential data, per-class sampling or one video per batch. It trains
   statistics, running averages updated) or frozen (``FrozenBatchNorm``, which loads the
   same variables) — a pretrained backbone moved to a new task with tiny batches,
 
-and writes ``docs/small_batch.md`` (tables and what they say), ``docs/small_batch.png`` and
-``docs/small_batch.json``. About 7 minutes on 2 CPU cores:
+and writes ``docs/studies/small_batch.md`` (tables and what they say),
+``docs/studies/small_batch.png`` and ``docs/studies/small_batch.json``.
+About 7 minutes on 2 CPU cores:
 
-  python examples/small_batch_study.py [--out docs] [--seeds 5] [--epochs 8]
+  python examples/small_batch_study.py [--out docs/studies] [--seeds 5] [--epochs 8]
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ def write_report(out_dir, acc, ft, args, seconds):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", default="docs")
+  ap.add_argument("--out", default="docs/studies")
   ap.add_argument("--seeds", type=int, default=5)
   ap.add_argument("--epochs", type=int, default=8)
   ap.add_argument("--pre-epochs", type=int, default=12)

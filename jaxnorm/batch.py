@@ -2,8 +2,8 @@
 rules at ``init``, the update of the running averages, and the running statistics' dtypes.
 
 A module (Linen, NNX) only declares its ``mean``/``var`` variables with
-:func:`running_stats_dtypes` and calls :func:`batch_norm_step`; it writes back what the
-step returns.
+:func:`~jaxnorm.running_stats_dtypes` and calls :func:`~jaxnorm.batch_norm_step`; it writes
+back what the step returns.
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ from typing import Any, NamedTuple
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ["TorchNorm", "from_torch", "norms_from_state_dict", "torch_epsilon"]
+
 KINDS = (
   "BatchNorm1d",
   "BatchNorm2d",
@@ -113,7 +115,7 @@ def from_torch(
   features) and the constructor arguments ``state_dict`` does not hold.
 
   Args:
-    kind: the PyTorch class name: one of :data:`KINDS`.
+    kind: the PyTorch class name: one of ``convert.KINDS``.
     state_dict: the layer's arrays (PyTorch tensors' ``.numpy()`` or any array-like).
     eps: the layer's ``eps`` (PyTorch's default 1e-5; ``None`` for ``RMSNorm(eps=None)``,
       resolved for ``dtype``).

@@ -5,7 +5,7 @@ batch 1–2, where batch statistics are noise): ``y = x·s + (β − μ·s)`` wi
 ``s = γ·rsqrt(var + ε)`` formed at the feature shape, as torchvision's
 ``FrozenBatchNorm2d``. The variables are a BatchNorm's (``params``: ``scale``, ``bias``;
 ``batch_stats``: ``mean``, ``var``), so a trained BatchNorm's load unchanged; no gradient
-reaches them, and :func:`freeze_batch_norm` labels them for an optimizer that must not
+reaches them, and :func:`~jaxnorm.freeze_batch_norm` labels them for an optimizer that must not
 touch them at all (weight decay included).
 """
 

@@ -1,6 +1,6 @@
 """Pure normalization functions: ``normalize`` and one function per norm.
 
-Each function chooses its axes, calls the kernel (:func:`jaxnorm._kernel.affine_normalize`), which
+Each function chooses its axes, calls the kernel (``jaxnorm._kernel.affine_normalize``), which
 normalizes and applies the optional affine map ``y = γ·x̂ + β``. Statistics are computed in at least
 float32 (see :func:`jaxnorm.reduction_dtype`); the output dtype follows Flax: ``dtype`` if
 given, else the promotion of the input's and the parameters' dtypes.
@@ -399,8 +399,8 @@ def add_layer_norm(
   Args:
     x: the sublayer's output.
     residual: the residual stream, of ``x``'s shape.
-    scale, bias, reduction_axes, feature_axes, epsilon, mask, axis_name,
-    axis_index_groups, dtype, force_float32_reductions: as in :func:`layer_norm`.
+    scale, bias, reduction_axes, feature_axes, epsilon, mask: as in :func:`layer_norm`.
+    axis_name, axis_index_groups, dtype, force_float32_reductions: as in :func:`layer_norm`.
     residual_dtype: the dtype of ``h`` (default: ``x``'s and ``residual``'s promoted).
 
   Returns:

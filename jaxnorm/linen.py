@@ -99,7 +99,7 @@ class BatchNorm(nn.BatchNorm):
   ``momentum=0.1`` is ``momentum=0.9`` here); a feature whose batch has no valid element or
   non-finite statistics (a NaN in the batch) keeps its running values. ``init`` does not
   update them, and a dummy batch with one value per feature is accepted there (the output
-  is then ``β``, as in Flax). The logic is :func:`jaxnorm.batch.batch_norm_step`'s.
+  is then ``β``, as in Flax). The logic is :func:`jaxnorm.batch_norm_step`'s.
 
   >>> import jax, jaxnorm
   >>> bn = jaxnorm.BatchNorm(use_running_average=False, momentum=0.9)

@@ -46,6 +46,17 @@ from jaxnorm.batch import batch_norm_step, running_stats_dtypes
 from jaxnorm.frozen import batch_norm_labels, frozen_batch_norm
 from jaxnorm.renorm import batch_renorm_step, check_renorm_schedule
 
+__all__ = [
+  "BatchNorm",
+  "BatchRenorm",
+  "FrozenBatchNorm",
+  "GroupNorm",
+  "InstanceNorm",
+  "LayerNorm",
+  "RMSNorm",
+  "freeze_batch_norm",
+]
+
 Initializer = Any
 Dtype = Any
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
@@ -116,9 +127,10 @@ class BatchNorm(nnx.BatchNorm):
     num_features: the number of features (the size of ``axis``).
     use_running_average: default mode (False: train on batch statistics); the call
       argument overrides it; ``.train()``, ``.eval()`` and ``nnx.view`` set it.
-    axis, momentum, epsilon, dtype, param_dtype, use_bias, use_scale, bias_init,
-    scale_init, axis_name, axis_index_groups, use_fast_variance: as in
-      :class:`jaxnorm.linen.BatchNorm` (``use_fast_variance`` is accepted; the variance is
+    axis, momentum, epsilon, dtype, param_dtype, use_bias, use_scale: as in
+      :class:`jaxnorm.BatchNorm`.
+    bias_init, scale_init, axis_name, axis_index_groups, use_fast_variance: as in
+      :class:`jaxnorm.BatchNorm` (``use_fast_variance`` is accepted; the variance is
       always the accurate one).
     promote_dtype: ``flax.nnx``'s function that casts ``(x, mean, var, scale, bias)`` to
       one dtype before the normalization.
@@ -383,9 +395,10 @@ class LayerNorm(nnx.LayerNorm):
 
   Args:
     num_features: the size of the feature axes (``scale`` and ``bias`` have this shape).
-    epsilon, dtype, param_dtype, use_bias, use_scale, bias_init, scale_init,
+    epsilon, dtype, param_dtype, use_bias, use_scale, bias_init, scale_init: as in
+      :class:`jaxnorm.LayerNorm`.
     reduction_axes, feature_axes, axis_name, axis_index_groups, use_fast_variance: as in
-      :class:`jaxnorm.linen.LayerNorm`.
+      :class:`jaxnorm.LayerNorm`.
     promote_dtype: casts ``(x, scale, bias)`` to one dtype first (``flax.nnx``'s).
     rngs, bias_metadata, scale_metadata: as in :class:`BatchNorm`.
     residual_dtype: (jaxnorm) the dtype of ``h`` when called with a ``residual`` (Add &
@@ -452,8 +465,9 @@ class RMSNorm(nnx.RMSNorm):
 
   Args:
     num_features: the size of the feature axes.
-    epsilon, dtype, param_dtype, use_scale, scale_init, reduction_axes, feature_axes,
-    axis_name, axis_index_groups, use_fast_variance: as in :class:`jaxnorm.linen.RMSNorm`.
+    epsilon, dtype, param_dtype, use_scale, scale_init: as in :class:`jaxnorm.RMSNorm`.
+    reduction_axes, feature_axes, axis_name, axis_index_groups, use_fast_variance: as in
+      :class:`jaxnorm.RMSNorm`.
     promote_dtype: casts ``(x, scale)`` (and ``bias``) to one dtype first.
     rngs, scale_metadata: as in :class:`BatchNorm`.
     use_bias, bias_init, bias_metadata: (jaxnorm) a learned bias ``β`` (default none).
@@ -545,9 +559,10 @@ class GroupNorm(nnx.GroupNorm):
     num_features: the number of channels.
     num_groups: the number of groups (default 32); None when ``group_size`` is given.
     group_size: channels per group, instead of ``num_groups``.
-    epsilon, dtype, param_dtype, use_bias, use_scale, bias_init, scale_init,
+    epsilon, dtype, param_dtype, use_bias, use_scale, bias_init, scale_init: as in
+      :class:`jaxnorm.GroupNorm`.
     reduction_axes, axis_name, axis_index_groups, use_fast_variance: as in
-      :class:`jaxnorm.linen.GroupNorm`.
+      :class:`jaxnorm.GroupNorm`.
     promote_dtype: casts ``(x, scale, bias)`` to one dtype first.
     rngs, bias_metadata, scale_metadata: as in :class:`BatchNorm`.
     feature_axis: (jaxnorm) the channel axis (default -1; 1 for NCHW).
@@ -613,9 +628,10 @@ class InstanceNorm(nnx.InstanceNorm):
 
   Args:
     num_features: the number of channels.
-    epsilon, dtype, param_dtype, use_bias, use_scale, bias_init, scale_init, feature_axes,
-    axis_name, axis_index_groups, use_fast_variance: as in
-      :class:`jaxnorm.linen.InstanceNorm`.
+    epsilon, dtype, param_dtype, use_bias, use_scale, bias_init, scale_init: as in
+      :class:`jaxnorm.InstanceNorm`.
+    feature_axes, axis_name, axis_index_groups, use_fast_variance: as in
+      :class:`jaxnorm.InstanceNorm`.
     promote_dtype: casts ``(x, scale, bias)`` to one dtype first.
     rngs, bias_metadata, scale_metadata: as in :class:`BatchNorm`.
   """

@@ -11,7 +11,7 @@ With the batch statistics ``μ_B``, ``σ_B = sqrt(var_B + ε)`` and the running 
 (``sg``: stop_gradient; the gradient is BatchNorm's, through ``μ_B`` and ``σ_B``, with
 ``r`` and ``d`` held constant), and inference is BatchNorm's ``γ·(x − μ)/σ + β``. The
 running averages follow BatchNorm's momentum convention. ``r_max`` and ``d_max`` follow the
-paper's schedule (:func:`renorm_limits`): plain BatchNorm (1 and 0) for a warm-up, then
+paper's schedule (:func:`~jaxnorm.renorm_limits`): plain BatchNorm (1 and 0) for a warm-up, then
 relaxed linearly to their final values; the step count lives with the running statistics,
 so a restored checkpoint resumes the schedule.
 """
@@ -123,10 +123,10 @@ def batch_renorm(
     r_max: the bound of ``r`` (>= 1; 1 gives BatchNorm), a number or a traced scalar
       (e.g. from :func:`renorm_limits`).
     d_max: the bound of ``|d|`` (>= 0; 0 gives BatchNorm).
-    axis, reduction_axes, epsilon, mask, axis_name, axis_index_groups, dtype,
-    force_float32_reductions: as in :func:`jaxnorm.batch_norm` (the batch statistics are
-      exact across devices and masks; a feature with no valid element gets ``r = 1``,
-      ``d = 0``).
+    axis, reduction_axes, epsilon, mask, axis_name: as in :func:`jaxnorm.batch_norm` (the
+      batch statistics are exact across devices and masks; a feature with no valid element
+      gets ``r = 1``, ``d = 0``).
+    axis_index_groups, dtype, force_float32_reductions: as in :func:`jaxnorm.batch_norm`.
 
   Returns:
     ``(y, Moments)``: the output and the batch moments (to feed
