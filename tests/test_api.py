@@ -6,6 +6,7 @@ import inspect
 import jaxnorm
 from jaxnorm import convert
 from jaxnorm import nnx as jnnx
+from tests import typing_public_api
 
 METHODS = ("__call__", "__init__", "linen", "nnx", "set_view")
 
@@ -44,3 +45,8 @@ def test_every_public_signature_is_annotated():
 
 def test_every_public_name_has_a_docstring():
   assert [name for name, obj in _callables() if not inspect.getdoc(obj)] == []
+
+
+def test_the_strictly_typed_usage_runs():
+  # mypy checks tests/typing_public_api.py with --strict's flags; here it runs.
+  typing_public_api.use_everything()
