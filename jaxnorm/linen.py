@@ -77,8 +77,8 @@ def _batch_norm_variables(module: Any, x: jax.Array) -> tuple[Any, ...]:
   return feat, red, ra_mean, ra_var, scale, bias
 
 
-def _statistics_kwargs(module: Any, mask: jax.Array | None) -> dict[str, Any]:
-  """The keyword arguments a BatchNorm-family module passes on to its step unchanged."""
+def _common(module: Any, mask: jax.Array | None) -> dict[str, Any]:
+  """The keyword arguments every module passes on to its pure function unchanged."""
   return dict(
     epsilon=module.epsilon,
     mask=mask,
@@ -186,7 +186,7 @@ class BatchNorm(nn.BatchNorm):
       initializing=self.is_initializing(),
       axis=feat,
       reduction_axes=red,
-      **_statistics_kwargs(self, mask),
+      **_common(self, mask),
       virtual_batch_size=self.virtual_batch_size,
       unbiased_running_var=self.unbiased_running_var,
       num_batches_tracked=None if tracked is None else tracked.value,
@@ -270,7 +270,7 @@ class BatchRenorm(nn.BatchNorm):
       d_max_steps=self.d_max_steps,
       axis=feat,
       reduction_axes=red,
-      **_statistics_kwargs(self, mask),
+      **_common(self, mask),
     )
     if updated is not None:
       ra_mean.value, ra_var.value, steps.value = updated
@@ -380,12 +380,7 @@ class LayerNorm(nn.LayerNorm):
     kw = dict(
       reduction_axes=self.reduction_axes,
       feature_axes=feat,
-      epsilon=self.epsilon,
-      mask=mask,
-      axis_name=self.axis_name,
-      axis_index_groups=self.axis_index_groups,
-      dtype=self.dtype,
-      force_float32_reductions=self.force_float32_reductions,
+      **_common(self, mask),
     )
     if residual is None:
       return F.layer_norm(x, scale, bias, **kw)
@@ -448,14 +443,9 @@ class RMSNorm(nn.RMSNorm):
     kw = dict(
       reduction_axes=self.reduction_axes,
       feature_axes=feat,
-      epsilon=self.epsilon,
       epsilon_in_root=self.epsilon_in_root,
       zero_centered_scale=self.zero_centered_scale,
-      mask=mask,
-      axis_name=self.axis_name,
-      axis_index_groups=self.axis_index_groups,
-      dtype=self.dtype,
-      force_float32_reductions=self.force_float32_reductions,
+      **_common(self, mask),
     )
     if residual is None:
       return F.rms_norm(x, scale, bias, **kw)
@@ -512,12 +502,7 @@ class GroupNorm(nn.GroupNorm):
       group_size=self.group_size,
       feature_axis=f,
       reduction_axes=self.reduction_axes,
-      epsilon=self.epsilon,
-      mask=mask,
-      axis_name=self.axis_name,
-      axis_index_groups=self.axis_index_groups,
-      dtype=self.dtype,
-      force_float32_reductions=self.force_float32_reductions,
+      **_common(self, mask),
     )
 
 
@@ -561,10 +546,5 @@ class InstanceNorm(nn.InstanceNorm):
       scale,
       bias,
       feature_axes=feat,
-      epsilon=self.epsilon,
-      mask=mask,
-      axis_name=self.axis_name,
-      axis_index_groups=self.axis_index_groups,
-      dtype=self.dtype,
-      force_float32_reductions=self.force_float32_reductions,
+      **_common(self, mask),
     )
