@@ -42,10 +42,13 @@ from jaxnorm._stats import (
   apart,
   barrier_on_cpu,
   broadcast_mask,
+  concrete_value,
   freeze_groups,
+  group_max,
   group_moments,
   group_sum,
   psum,
+  real_dtype,
   shifts,
 )
 
@@ -53,7 +56,6 @@ from jaxnorm._stats import (
 class _Config(NamedTuple):
   axes: tuple[int, ...]
   center: bool
-  epsilon: float
   epsilon_in_root: bool
   axis_name: Any
   axis_index_groups: Any
@@ -62,17 +64,22 @@ class _Config(NamedTuple):
   out_dtype: Any = None  # the output's dtype
 
 
-def check_epsilon(epsilon: Any) -> float:
-  """Returns ``epsilon`` as a float, or raises if it is not a number ``>= 0``.
+def check_epsilon(epsilon: Any) -> Any:
+  """Returns ``epsilon`` as a float, or raises if it is not a real number ``>= 0``.
 
   0 is accepted (the textbook ``x / RMS(x)``, as Flax and PyTorch accept it); a constant
-  group then has variance 0 and its output is what the formula gives, ``0/0 = NaN``."""
-  try:
-    eps = float(epsilon)
-  except (TypeError, jax.errors.ConcretizationTypeError):
-    raise TypeError(
-      f"epsilon must be a Python number (it is a compile-time constant), got {epsilon!r}."
-    ) from None
+  group then has variance 0 and its output is what the formula gives, ``0/0 = NaN``. A
+  traced ``epsilon`` (e.g. an argument of a jitted function) is returned as it is: only
+  its dtype can be checked while tracing, as in Flax, which accepts it too."""
+  value = concrete_value(epsilon)
+  kind = jnp.result_type(epsilon) if value is None else value.dtype
+  if not (jnp.issubdtype(kind, jnp.floating) or jnp.issubdtype(kind, jnp.integer)) or (
+    jnp.ndim(epsilon if value is None else value)
+  ):
+    raise TypeError(f"epsilon must be a real number >= 0 (a scalar, e.g. 1e-5), got {epsilon!r}.")
+  if value is None:
+    return epsilon
+  eps = float(value)
   if not eps >= 0:  # negative or NaN
     raise ValueError(
       f"epsilon must be >= 0 (a negative or NaN one makes 1/sqrt(var + epsilon) NaN), "
@@ -81,11 +88,16 @@ def check_epsilon(epsilon: Any) -> float:
   return eps
 
 
-def inverse_std(var: jax.Array, epsilon: float, epsilon_in_root: bool = True) -> jax.Array:
+def inverse_std(var: jax.Array, epsilon: Any, epsilon_in_root: bool = True) -> jax.Array:
   """``1/sqrt(var + ε)``, or ``1/(sqrt(var) + ε)`` with ``epsilon_in_root=False``."""
   if epsilon_in_root:
     return lax.rsqrt(var + epsilon)
   return 1.0 / (jnp.sqrt(var) + epsilon)
+
+
+def _inverse_std_tangent(r, depsilon, epsilon_in_root):
+  """``∂r/∂ε·ε̇``: ``−r³/2·ε̇`` in the root, ``−r²·ε̇`` outside it (0 where ``r`` is 0)."""
+  return -0.5 * r * r * r * depsilon if epsilon_in_root else -r * r * depsilon
 
 
 def _accumulation_dtype(dtype):
@@ -140,7 +152,7 @@ def _view(shape, axes, channel_groups, *operands):
   return _View(tuple(groups), view_axes, cg)
 
 
-def _primal(x, scale, bias, mask, cfg, differentiated=False):
+def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   """The output, the statistics and ``r``. Undifferentiated, the statistics come from
   ``Σx ∥ Σx²`` with a conditioning check and an exact fallback (``_checked_moments``:
   the fastest forward on XLA:CPU, whose reductions with a broadcast operand run slower);
@@ -157,21 +169,47 @@ def _primal(x, scale, bias, mask, cfg, differentiated=False):
     # instead of fusing the slice into every small consumer (measured 2|x| less traffic).
     shift = shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups)
     shift = None if shift is None else tuple(map(v, shift))
-  stats = group_moments(
-    v(x),
-    v.axes,
-    cfg.center,
-    v(mask),
-    cfg.axis_name,
-    cfg.axis_index_groups,
-    v.channel_groups,
-    shift,
-    cfg.dtype,
+  kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))
+
+  def moments_of(xv, shift):
+    stats = group_moments(
+      xv,
+      v.axes,
+      cfg.center,
+      v(mask),
+      cfg.axis_name,
+      cfg.axis_index_groups,
+      v.channel_groups,
+      shift,
+      cfg.dtype,
+    )
+    return Moments(*(s.reshape(kept) for s in stats))
+
+  def rescaled(_):
+    # Each group divided by a power of two near its largest |x| (exact), then
+    # r = k/sqrt(var_k + ε·k²): the variance of x·k cannot overflow.
+    xv = v(x).astype(cfg.dtype)
+    k = jnp.reshape(_inverse_magnitude(xv, v, v(mask), cfg), kept)
+    stats = moments_of(xv * v(k), None)
+    mean, var = stats.mean / k, stats.var / (k * k)
+    if cfg.epsilon_in_root:
+      r = inverse_std(stats.var, epsilon * k * k, True) * k
+    else:
+      r = inverse_std(stats.var, epsilon * k, False) * k
+    return Moments(mean.astype(stats.mean.dtype), var, stats.count), r.astype(var.dtype)
+
+  stats = moments_of(v(x), shift)
+  r = inverse_std(stats.var, epsilon, cfg.epsilon_in_root)
+  # Beyond |x| ~ 1.8e19 float32 squares overflow: the variance is inf (or NaN) and r a
+  # confident 0. Normalization is scale-invariant, so such inputs are normalized again
+  # after an exact rescaling (only then: one small reduction decides).
+  stats, r = lax.cond(
+    jnp.all(jnp.isfinite(stats.var)),
+    lambda _: _varying_like(x, (stats, r), cfg),
+    lambda _: _varying_like(x, rescaled(_), cfg),
+    None,
   )
   x = x.astype(cfg.dtype)
-  kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))
-  stats = Moments(*(s.reshape(kept) for s in stats))
-  r = inverse_std(stats.var, cfg.epsilon, cfg.epsilon_in_root)
   if mask is not None:
     r = jnp.where(stats.count > 0, r, 0)  # a group with no valid element: x̂ = 0, no NaN
   g = r if scale is None else scale * r
@@ -181,9 +219,33 @@ def _primal(x, scale, bias, mask, cfg, differentiated=False):
   return y.astype(cfg.out_dtype), stats, r
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
-def _affine_normalize(x, scale, bias, mask, cfg):
-  y, stats, _ = _primal(x, scale, bias, mask, cfg)
+def _varying_like(x, tree, cfg):
+  """``tree`` typed as varying wherever ``x`` is (under ``shard_map``), so that both
+  branches of the overflow check have one type: each leaf plus an exact zero taken from
+  ``x`` (a sum over none of its elements; no read). With ``axis_name`` the statistics are
+  the same on every member and keep that type."""
+  if cfg.axis_name is not None:
+    return tree
+  zero = jnp.real(jnp.sum(lax.slice_in_dim(jnp.reshape(x, (-1,)), 0, 0)))
+  return jax.tree.map(lambda a: a + zero.astype(a.dtype), tree)
+
+
+def _inverse_magnitude(xv, v, mask, cfg):
+  """Per group of the view ``xv``, ``2**-e`` with ``2**(e-1) <= max|x| < 2**e`` over the
+  valid elements (across devices), 1 for a group of zeros; of the statistics' view shape."""
+  a = jnp.abs(xv).astype(real_dtype(cfg.dtype))
+  if mask is not None:
+    a = jnp.where(broadcast_mask(mask, a.shape), a, 0)
+  m = group_max(a, v.axes, v.channel_groups)
+  if cfg.axis_name is not None:
+    m = lax.pmax(m, cfg.axis_name, axis_index_groups=cfg.axis_index_groups)
+  _, e = jnp.frexp(m)
+  return jnp.ldexp(jnp.ones_like(m), -e)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
+def _affine_normalize(x, scale, bias, mask, epsilon, cfg):
+  y, stats, _ = _primal(x, scale, bias, mask, epsilon, cfg)
   return y, stats
 
 
@@ -197,9 +259,9 @@ def _barrier(r, a):
 
 @_affine_normalize.defjvp
 def _affine_normalize_jvp(cfg, primals, tangents):
-  x, scale, bias, mask = primals
-  dx, dscale, dbias, _ = tangents
-  y, stats, r = _primal(x, scale, bias, mask, cfg, differentiated=True)
+  x, scale, bias, mask, epsilon = primals
+  dx, dscale, dbias, _, depsilon = tangents
+  y, stats, r = _primal(x, scale, bias, mask, epsilon, cfg, differentiated=True)
   mean, var, count = stats
   v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias)
   # Products with per-group or per-feature tangents run in at least float32: reverse mode
@@ -236,7 +298,8 @@ def _affine_normalize_jvp(cfg, primals, tangents):
       cov = total((xv - meanv) * dxv) * inv_n
     else:
       cov = (total(xv * dxv) - meanv * s1) * inv_n
-  p = _barrier(rv, c * rv * rv * cov)
+  # (ε's tangent changes r alone: (x − μ)·ṙ is one more per-group term of p.)
+  p = _barrier(rv, c * rv * rv * cov + _inverse_std_tangent(rv, depsilon, cfg.epsilon_in_root))
   # Products are ordered so that no full-size product is shared between two reductions of
   # the transposed derivative (x·(γp) and (x·r)·γ̇ transpose to Σ(ẏ·x)·γ and Σẏ·(x·r)).
   dyv = xv * (gammav * p)
@@ -309,7 +372,6 @@ def affine_normalize(
   cfg = _Config(
     tuple(axes),
     bool(center),
-    check_epsilon(epsilon),
     bool(epsilon_in_root),
     axis_name,
     freeze_groups(axis_index_groups),
@@ -319,25 +381,30 @@ def affine_normalize(
   )
   if mask is not None:
     mask = broadcast_mask(mask, x.shape)
+  # ε is an operand, not part of the compiled configuration: a traced ε works, and a new
+  # value does not compile the kernel again.
+  eps = jnp.asarray(check_epsilon(epsilon), real_dtype(cfg.dtype))
   if jnp.issubdtype(cfg.dtype, jnp.complexfloating) or any(
     jnp.iscomplexobj(a) for a in (x, scale, bias)
   ):
-    return _compiled_complex_normalize(x, scale, bias, mask, cfg)
-  return _compiled_affine_normalize(x, scale, bias, mask, cfg)
+    return _compiled_complex_normalize(x, scale, bias, mask, eps, cfg)
+  return _compiled_affine_normalize(x, scale, bias, mask, eps, cfg)
 
 
-def _complex_normalize(x, scale, bias, mask, cfg):
+def _complex_normalize(x, scale, bias, mask, epsilon, cfg):
   """Complex inputs (Flax's semantics: complex mean, real variance ``E|x − μ|²``) take the
   exact two-pass statistics and JAX's own derivative: the closed-form rule above is
   written for real arithmetic."""
-  y, stats, _ = _primal(x, scale, bias, mask, cfg)  # (complex: two passes, see group_moments)
+  y, stats, _ = _primal(
+    x, scale, bias, mask, epsilon, cfg
+  )  # (complex: two passes, see group_moments)
   return y, stats
 
 
 # Compiled once per shape and configuration: eager calls run one XLA program instead of
 # dispatching every operation; under an outer jit this is simply inlined.
-_compiled_affine_normalize = jax.jit(_affine_normalize, static_argnums=(4,))
-_compiled_complex_normalize = jax.jit(_complex_normalize, static_argnums=(4,))
+_compiled_affine_normalize = jax.jit(_affine_normalize, static_argnums=(5,))
+_compiled_complex_normalize = jax.jit(_complex_normalize, static_argnums=(5,))
 
 
 def apply_moments(

@@ -1,0 +1,148 @@
+"""Inputs outsiders pass: integer and bool arrays, float32 values near overflow, a traced ε.
+
+Each test compares with the float64 reference on inputs where the wrong answer is far off:
+uint8 data with a mean of ~128 (a negation that wraps moves the statistics by ~100), rows at
+|x| ~ 1e19-1e37 (where float32 squares overflow and the output used to be all zeros), and ε
+large enough (1e-2 on activations of scale 0.1) that ignoring it changes the output by ~40 %.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+import jaxnorm
+from tests import reference as ref
+from tests.cases import CASES, IDS
+
+INT_DTYPES = [np.uint8, np.uint16, np.int8, np.int32, np.bool_]
+
+
+def _ints(dtype, shape, rng):
+  if dtype == np.bool_:
+    return rng.random(shape) < 0.3
+  hi = 2 if dtype == np.bool_ else min(np.iinfo(dtype).max, 255)
+  lo = 0 if np.iinfo(dtype).min == 0 else -100
+  return rng.integers(lo, hi + 1, shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_integer_and_bool_inputs_match_the_reference(case, dtype, rng):
+  x = _ints(dtype, (6, 4, 4, 6), rng)
+  g, b = rng.normal(1.0, 0.3, 6).astype(np.float32), rng.normal(0.0, 0.3, 6).astype(np.float32)
+  expected = case.ref(x, g, b)
+  np.testing.assert_allclose(case.fn(jnp.asarray(x), g, b), expected, rtol=1e-4, atol=1e-4)
+  module = getattr(jaxnorm, case.module)(**case.kwargs)
+  variables = module.init(jax.random.key(0), jnp.asarray(x))
+  has_bias = "bias" in variables["params"]  # (RMSNorm has none by default)
+  variables["params"] = {"scale": g, "bias": b} if has_bias else {"scale": g}
+  y = module.apply(variables, jnp.asarray(x), mutable=["batch_stats"])[0]
+  assert y.dtype == jnp.float32  # Flax's output dtype for integer inputs
+  expected = expected if has_bias else case.ref(x, g, None)
+  np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.bool_], ids=lambda d: np.dtype(d).name)
+def test_batch_norm_running_statistics_of_unsigned_inputs(dtype, rng):
+  x = _ints(dtype, (16, 5), rng)
+  bn = jaxnorm.BatchNorm(momentum=0.5, use_running_average=False)
+  variables = bn.init(jax.random.key(0), jnp.asarray(x))
+  _, upd = bn.apply(variables, jnp.asarray(x), mutable=["batch_stats"])
+  _, mean, var = ref.batch_norm(x)
+  np.testing.assert_allclose(upd["batch_stats"]["mean"], 0.5 * mean, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(upd["batch_stats"]["var"], 0.5 + 0.5 * var, rtol=1e-5, atol=1e-6)
+  model = jaxnorm.nnx.BatchNorm(5, momentum=0.5, rngs=nnx.Rngs(0))
+  model(jnp.asarray(x))
+  np.testing.assert_allclose(model.var[...], 0.5 + 0.5 * var, rtol=1e-5, atol=1e-6)
+
+
+def _huge_rows(scale, rng):
+  base = rng.normal(size=(4, 64))
+  base[0] = np.abs(base[0])  # one row of one sign: its sum is 64 times its elements
+  return base, jnp.asarray(base * scale, jnp.float32)
+
+
+@pytest.mark.parametrize("scale", [1e19, 1e25, 1e36])
+@pytest.mark.parametrize("jit", [False, True])
+def test_float32_near_overflow_is_normalized_not_zeroed(scale, jit, rng):
+  base, x = _huge_rows(scale, rng)
+  wrap = jax.jit if jit else (lambda f: f)
+  # Scale invariance: the reference at scale 1, where ε is negligible (1e-30).
+  ln = wrap(lambda x: jaxnorm.layer_norm(x, epsilon=0.0))(x)
+  np.testing.assert_allclose(ln, ref.layer_norm(base, eps=0.0), rtol=1e-5, atol=1e-5)
+  rms = wrap(lambda x: jaxnorm.rms_norm(x, epsilon=1e-6))(x)
+  np.testing.assert_allclose(rms, ref.rms_norm(base, eps=0.0), rtol=1e-5, atol=1e-5)
+  rms_out = wrap(lambda x: jaxnorm.rms_norm(x, epsilon=1e-6, epsilon_in_root=False))(x)
+  np.testing.assert_allclose(rms_out, ref.rms_norm(base, eps=0.0), rtol=1e-5, atol=1e-5)
+  gn = wrap(lambda x: jaxnorm.group_norm(x.reshape(4, 8, 8), num_groups=2))(x)
+  np.testing.assert_allclose(gn, ref.group_norm(base.reshape(4, 8, 8), 2, eps=0.0), atol=1e-5)
+  bn, stats = wrap(lambda x: jaxnorm.batch_norm(x.T))(x)
+  np.testing.assert_allclose(bn, ref.batch_norm(base.T, eps=0.0)[0], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(stats.mean / scale, base.mean(1), rtol=1e-5, atol=1e-6)
+  mask = np.ones((4, 64), bool)
+  mask[:, :5] = False
+  masked = wrap(lambda x: jaxnorm.layer_norm(x, mask=mask, epsilon=0.0))(x)
+  np.testing.assert_allclose(masked, ref.layer_norm(base, eps=0.0, mask=mask), atol=1e-5)
+  # Under differentiation (the kernel's other path) the output is the same.
+  y, _ = jax.vjp(lambda x: jaxnorm.layer_norm(x, epsilon=0.0), x)
+  np.testing.assert_allclose(y, ref.layer_norm(base, eps=0.0), rtol=1e-5, atol=1e-5)
+
+
+def test_float32_near_overflow_across_devices(rng):
+  base, x = _huge_rows(1e20, rng)
+  mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))
+  f = jax.shard_map(
+    lambda x: jaxnorm.batch_norm(x, axis_name="d")[0], mesh=mesh, in_specs=P("d"), out_specs=P("d")
+  )
+  with jax.set_mesh(mesh):
+    y = jax.jit(f)(jax.device_put(x.T, jax.sharding.NamedSharding(mesh, P("d"))))
+  np.testing.assert_allclose(y, ref.batch_norm(base.T, eps=0.0)[0], rtol=1e-5, atol=1e-5)
+
+
+SMALL = np.random.default_rng(1).normal(0.0, 0.1, (3, 16)).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+  "fn, expected",
+  [
+    (lambda x, e: jaxnorm.layer_norm(x, epsilon=e), lambda e: ref.layer_norm(SMALL, eps=e)),
+    (lambda x, e: jaxnorm.rms_norm(x, epsilon=e), lambda e: ref.rms_norm(SMALL, eps=e)),
+    (
+      lambda x, e: jaxnorm.rms_norm(x, epsilon=e, epsilon_in_root=False),
+      lambda e: ref.rms_norm(SMALL, eps=e, eps_in_root=False),
+    ),
+    (lambda x, e: jaxnorm.batch_norm(x, epsilon=e)[0], lambda e: ref.batch_norm(SMALL, eps=e)[0]),
+    (
+      lambda x, e: jaxnorm.batch_norm(x, mean=jnp.zeros(16), var=jnp.full(16, 0.01), epsilon=e),
+      lambda e: ref.batch_norm_eval(SMALL, np.zeros(16), np.full(16, 0.01), eps=e),
+    ),
+    (
+      lambda x, e: jaxnorm.LayerNorm(epsilon=e, use_scale=False, use_bias=False).apply({}, x),
+      lambda e: ref.layer_norm(SMALL, eps=e),
+    ),
+  ],
+  ids=["layer", "rms", "rms_outside", "batch", "batch_inference", "linen_layer"],
+)
+def test_traced_epsilon_is_used_and_differentiable(fn, expected):
+  eps = 1e-2  # var ~ 1e-2: ignoring ε would change the output by ~30 %
+  assert np.abs(expected(eps) - expected(0.0)).max() > 0.2
+  y = jax.jit(fn)(jnp.asarray(SMALL), eps)
+  np.testing.assert_allclose(y, expected(eps), rtol=1e-5, atol=1e-5)
+  # d(sum(y·w))/dε against central differences of the float64 reference.
+  w = np.linspace(-1.0, 1.0, SMALL.size).reshape(SMALL.shape)
+  grad = jax.grad(lambda e: jnp.sum(fn(jnp.asarray(SMALL), e) * w))(eps)
+  h = 1e-5
+  numeric = (np.sum(expected(eps + h) * w) - np.sum(expected(eps - h) * w)) / (2 * h)
+  np.testing.assert_allclose(grad, numeric, rtol=1e-3)
+
+
+def test_epsilon_of_the_wrong_kind_is_refused():
+  x = jnp.ones((2, 3))
+  for bad in ["1e-5", None, jnp.ones(2), True]:
+    with pytest.raises(TypeError, match="epsilon must be a real number >= 0"):
+      jaxnorm.layer_norm(x, epsilon=bad)
+  with pytest.raises(TypeError, match="epsilon must be a real number"):
+    jax.jit(lambda e: jaxnorm.layer_norm(x, epsilon=e))(jnp.ones(2))
