@@ -53,12 +53,21 @@ def running_stats_dtypes(
   return jnp.dtype(mean), jnp.dtype(real)
 
 
+def counts_batches(module: Any) -> bool:
+  """Whether a BatchNorm module keeps PyTorch's counter of updates ``num_batches_tracked``:
+  with running statistics and PyTorch's convention (``unbiased_running_var``) or its
+  cumulative average (``momentum=None``, which needs the counter)."""
+  return bool(getattr(module, "track_running_stats", True)) and (
+    module.momentum is None or bool(getattr(module, "unbiased_running_var", False))
+  )
+
+
 def batch_norm_step(
   x: jax.Array,
   scale: jax.Array | None,
   bias: jax.Array | None,
-  running_mean: jax.Array,
-  running_var: jax.Array,
+  running_mean: jax.Array | None,
+  running_var: jax.Array | None,
   *,
   use_running_average: bool,
   momentum: Any = 0.99,
@@ -92,8 +101,10 @@ def batch_norm_step(
     x: the input.
     scale: ``γ`` of the feature shape, or None.
     bias: ``β`` of the feature shape, or None.
-    running_mean: the running mean, of the statistics' shape.
-    running_var: the running variance, of the statistics' shape.
+    running_mean: the running mean, of the statistics' shape; None for a layer without
+      running statistics (PyTorch's ``track_running_stats=False``): it normalizes with
+      the batch statistics in every mode and returns no update.
+    running_var: the running variance, of the statistics' shape (None with the mean).
     use_running_average: normalize with the running statistics (inference).
     momentum: decay rate of the running averages, in [0, 1] (checked when concrete).
     initializing: True while a module is being initialized.
@@ -142,6 +153,12 @@ def batch_norm_step(
     dtype=dtype,
     force_float32_reductions=force_float32_reductions,
   )
+  if running_mean is None and not initializing:  # no running statistics to use or update
+    y, _ = batch_norm(
+      x, scale, bias, mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups,
+      virtual_batch_size=virtual_batch_size, **common,
+    )  # fmt: skip
+    return y, None
   if use_running_average:  # (with given statistics batch_norm returns y alone)
     y_eval = batch_norm(x, scale, bias, mean=running_mean, var=running_var, **common)
     return cast(jax.Array, y_eval), None
@@ -182,6 +199,7 @@ def batch_norm_step(
       virtual_batch_size=virtual_batch_size,
       **common,
     )
+  assert running_mean is not None and running_var is not None  # (None returned above)
   new = update_running_average(
     running_mean,
     running_var,

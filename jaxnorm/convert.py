@@ -1,34 +1,42 @@
-"""From PyTorch: a norm layer's ``state_dict`` as jaxnorm variables and constructor arguments.
+"""From PyTorch: a norm layer (the module itself, or its ``state_dict``) as jaxnorm
+variables and constructor arguments.
 
-No import of ``torch``: the arrays can be anything NumPy reads (``tensor.numpy()``, or the
-values of a ``state_dict`` loaded elsewhere). What a converter must get right and the
+No import of ``torch``: a module is read through its attributes and ``state_dict()``, and
+arrays can be tensors or anything NumPy reads. What a converter must get right and the
 widely used ones do not:
 
 - **names**: ``weight → scale``, ``bias → bias``, ``running_mean/var → batch_stats
-  mean/var``; ``num_batches_tracked`` is kept only where it matters (``momentum=None``);
+  mean/var``, ``num_batches_tracked`` kept; every other or missing entry is refused;
 - **momentum**: PyTorch's ``m`` weighs the new batch, Flax's the old average: ``1 − m``;
   PyTorch's ``momentum=None`` (a cumulative average) stays ``None``;
 - **variance**: PyTorch's training stores the unbiased ``n/(n − 1)·var``:
   ``unbiased_running_var=True``, so a ported model trains step for step like the original;
 - **ε**: 1e-5 for every PyTorch norm (Flax's LayerNorm/GroupNorm/RMSNorm default to
-  1e-6), and ``RMSNorm(eps=None)`` means the input dtype's machine epsilon
-  (1.19e-7 in float32, 7.8e-3 in bfloat16);
+  1e-6), and ``RMSNorm(eps=None)`` means float32's machine epsilon (1.19e-7) for float32,
+  bfloat16 and float16 inputs, float64's for float64 (:func:`torch_epsilon`);
+- **no running statistics** (BatchNorm's ``track_running_stats=False``): batch statistics
+  in every mode, ``BatchNorm(track_running_stats=False)``;
 - **InstanceNorm with running statistics** (``track_running_stats=True``, which PyTorch
   uses at evaluation) is a ``BatchNorm`` with ``virtual_batch_size=1``;
 - **layout**: PyTorch is channels-first; ``channels_first=True`` (default) puts the
   feature axis at 1 (``axis=1``, ``feature_axis=1``, ``feature_axes=1``), for inputs kept
-  as NCHW; with ``channels_first=False`` (inputs transposed to NHWC) it is -1.
+  as NCHW; with ``channels_first=False`` (inputs transposed to NHWC) it is -1. LayerNorm
+  and RMSNorm normalize trailing axes in PyTorch in either layout; timm's and
+  torchvision's ``LayerNorm2d`` (ConvNeXt) normalizes the channel axis.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxnorm._stats import real_dtype
 
 __all__ = ["TorchNorm", "from_torch", "norms_from_state_dict", "torch_epsilon"]
 
@@ -37,6 +45,7 @@ KINDS = (
   "BatchNorm2d",
   "BatchNorm3d",
   "LayerNorm",
+  "LayerNorm2d",
   "GroupNorm",
   "InstanceNorm1d",
   "InstanceNorm2d",
@@ -44,6 +53,22 @@ KINDS = (
   "RMSNorm",
 )
 TORCH_EPS = 1e-5  # every PyTorch norm's default
+# The state_dict entries each kind can have (anything else is refused, by name).
+_KEYS = {
+  "BatchNorm": ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"),
+  "InstanceNorm": ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"),
+  "GroupNorm": ("weight", "bias"),
+  "LayerNorm": ("weight", "bias"),
+  "RMSNorm": ("weight",),
+}
+# The module attributes read from a PyTorch module, by from_torch's option they fill.
+_ATTRIBUTES = {
+  "eps": "eps",
+  "momentum": "momentum",
+  "num_groups": "num_groups",
+  "normalized_shape": "normalized_shape",
+  "num_features": ("num_features", "num_channels"),
+}
 
 
 class TorchNorm(NamedTuple):
@@ -82,24 +107,85 @@ class TorchNorm(NamedTuple):
 
 def torch_epsilon(eps: float | None, dtype: Any = jnp.float32) -> float:
   """PyTorch's ε: ``eps`` if given, else (``RMSNorm(eps=None)``) the machine epsilon of
-  the input's ``dtype`` (1.19e-7 for float32, 7.8e-3 for bfloat16, 9.8e-4 for float16).
+  the dtype PyTorch computes in, which is float32 for float32, bfloat16 and float16 inputs
+  (1.19e-7; PyTorch's documentation says ``x.dtype``, but its half-precision RMSNorm is
+  bit-identical to ``eps=torch.finfo(torch.float32).eps``, measured with PyTorch 2.14.1)
+  and float64's (2.2e-16) for float64.
 
   >>> torch_epsilon(None, jnp.bfloat16)
-  0.0078125
+  1.1920928955078125e-07
   """
-  return float(jnp.finfo(dtype).eps) if eps is None else float(eps)
+  if eps is not None:
+    return float(eps)
+  return float(jnp.finfo(jnp.promote_types(real_dtype(dtype), jnp.float32)).eps)
 
 
-def _array(state_dict, key, dtype=None):
-  if key not in state_dict or state_dict[key] is None:
-    return None
-  a = np.asarray(state_dict[key])
-  return a if dtype is None else a.astype(dtype)
+def _numpy(value: Any) -> np.ndarray:
+  """A tensor (without importing torch: ``detach``/``float``/``numpy`` duck-typed) or any
+  array-like as a NumPy array; a bfloat16 tensor, which NumPy cannot hold, becomes an
+  ``ml_dtypes`` bfloat16 array (as JAX's)."""
+  if hasattr(value, "detach"):
+    value = value.detach().cpu()
+    if str(value.dtype) == "torch.bfloat16":
+      return value.float().numpy().astype(jnp.bfloat16)
+    return value.numpy()
+  return np.asarray(value)
+
+
+def _check_keys(kind, family, state_dict):
+  unknown = sorted(set(state_dict) - set(_KEYS[family]))
+  if unknown:
+    raise ValueError(
+      f"{kind}'s state_dict has unexpected entries {unknown}; a {kind} has only "
+      f"{list(_KEYS[family])}. Pass one layer's entries with their prefix removed "
+      f"(norms_from_state_dict does that for a whole model)."
+    )
+  pairs = [("running_mean", "running_var")]
+  if family not in ("LayerNorm", "RMSNorm"):  # (LayerNorm(bias=False): a weight alone)
+    pairs.append(("weight", "bias"))
+  for a, b in pairs:
+    if (a in state_dict) != (b in state_dict):
+      have, missing = (a, b) if a in state_dict else (b, a)
+      raise ValueError(
+        f"{kind}'s state_dict has {have!r} but no {missing!r}: PyTorch saves both or "
+        f"neither; pass the complete state_dict of the layer."
+      )
+  if family == "LayerNorm" and "bias" in state_dict and "weight" not in state_dict:
+    raise ValueError(f"{kind}'s state_dict has 'bias' but no 'weight': pass the complete one.")
+
+
+def _from_module(module: Any, options: dict) -> tuple[str, dict]:
+  """The kind, ``state_dict`` and options of a PyTorch module object (duck-typed)."""
+  kind = type(module).__name__
+  state_dict = dict(module.state_dict())
+  for option, names in _ATTRIBUTES.items():
+    for name in (names,) if isinstance(names, str) else names:
+      if hasattr(module, name):
+        options[option] = getattr(module, name)
+        break
+  affine = getattr(module, "affine", getattr(module, "elementwise_affine", None))
+  if affine is not None and bool(affine) != ("weight" in state_dict):
+    raise ValueError(
+      f"the {kind} has affine={bool(affine)} but its state_dict "
+      f"{'lacks' if affine else 'has'} 'weight'."
+    )
+  track = getattr(module, "track_running_stats", None)
+  if track is not None and bool(track) != ("running_mean" in state_dict):
+    raise ValueError(
+      f"the {kind} has track_running_stats={bool(track)} but its state_dict "
+      f"{'lacks' if track else 'has'} 'running_mean'."
+    )
+  if options.get("dtype") is None:
+    tensors = [*module.parameters(), *module.buffers()]
+    floats = [t for t in tensors if getattr(t.dtype, "is_floating_point", False)]
+    if floats:
+      options["dtype"] = jnp.dtype(str(floats[0].dtype).removeprefix("torch."))
+  return kind, state_dict
 
 
 def from_torch(
-  kind: str,
-  state_dict: Mapping[str, Any],
+  kind: Any,
+  state_dict: Mapping[str, Any] | None = None,
   *,
   eps: float | None = TORCH_EPS,
   momentum: float | None = 0.1,
@@ -110,28 +196,45 @@ def from_torch(
   torch_training: bool = True,
   num_features: int | None = None,
 ) -> TorchNorm:
-  """Converts one PyTorch norm layer: its ``state_dict`` (``weight``, ``bias``,
-  ``running_mean``, ``running_var``, ``num_batches_tracked``; missing ones are disabled
-  features) and the constructor arguments ``state_dict`` does not hold.
+  """Converts one PyTorch norm layer: the module itself, or its class name and
+  ``state_dict`` with the constructor arguments ``state_dict`` does not hold.
+
+  Given the module (``from_torch(model.bn1)``; torch is not imported: its class name,
+  ``state_dict()``, ``eps``, ``momentum``, ``num_groups``, ``normalized_shape``,
+  ``affine``/``elementwise_affine``, ``track_running_stats`` and parameters' dtype are
+  read), nothing is copied by hand. Given arrays, every entry is checked: a partial or
+  foreign ``state_dict`` is refused, naming the key.
 
   Args:
-    kind: the PyTorch class name: one of ``convert.KINDS``.
-    state_dict: the layer's arrays (PyTorch tensors' ``.numpy()`` or any array-like).
+    kind: a PyTorch norm module, or its class name: one of ``convert.KINDS``
+      (``"LayerNorm2d"`` is timm's and torchvision's channels-first LayerNorm of ConvNeXt).
+    state_dict: the layer's arrays, for a class name (tensors or any array-like;
+      bfloat16 tensors are read as bfloat16).
     eps: the layer's ``eps`` (PyTorch's default 1e-5; ``None`` for ``RMSNorm(eps=None)``,
-      resolved for ``dtype``).
+      see :func:`torch_epsilon`).
     momentum: the BatchNorm's PyTorch momentum (default 0.1; ``None``: cumulative).
     num_groups: GroupNorm's number of groups (required for ``GroupNorm``).
     normalized_shape: LayerNorm/RMSNorm's shape when they have no ``weight``.
-    channels_first: inputs stay channels-first (PyTorch's layout) in JAX.
+    channels_first: inputs stay channels-first (PyTorch's layout) in JAX: the feature
+      axis of BatchNorm, InstanceNorm, GroupNorm and LayerNorm2d is 1 (False: -1, for
+      inputs transposed to NHWC). LayerNorm and RMSNorm normalize the trailing
+      ``normalized_shape`` axes in PyTorch, whatever the layout: it does not apply.
     dtype: the activations' dtype (for ``RMSNorm(eps=None)`` and the module's ``dtype``);
       default: the parameters' dtype, else float32.
     torch_training: BatchNorm trains with PyTorch's convention (unbiased running
-      variance; ``momentum=None`` as PyTorch's cumulative average). False gives Flax's.
-    num_features: the number of channels, for an ``InstanceNorm`` without parameters (its
-      default, ``affine=False``), which the NNX module needs.
+      variance and the ``num_batches_tracked`` counter; ``momentum=None`` as PyTorch's
+      cumulative average). False gives Flax's.
+    num_features: the number of channels, for a layer without parameters or running
+      statistics (e.g. ``InstanceNorm``'s default ``affine=False``), which NNX needs.
 
   Returns:
-    A :class:`TorchNorm`.
+    A :class:`TorchNorm`. A BatchNorm without running statistics
+    (``track_running_stats=False``) becomes a ``BatchNorm(track_running_stats=False)``,
+    which normalizes with the batch statistics in every mode, as PyTorch's.
+
+  Raises:
+    ValueError: for an unknown kind, unexpected or missing ``state_dict`` entries, arrays
+      of inconsistent shapes, or a missing constructor argument (named).
 
   >>> import numpy as np
   >>> bn = from_torch("BatchNorm2d", {"weight": np.ones(3), "bias": np.zeros(3),
@@ -139,51 +242,86 @@ def from_torch(
   >>> bn.module, bn.kwargs["axis"], bn.kwargs["momentum"], sorted(bn.variables)
   ('BatchNorm', 1, 0.9, ['batch_stats', 'params'])
   """
+  options = dict(eps=eps, momentum=momentum, num_groups=num_groups, dtype=dtype)
+  options.update(normalized_shape=normalized_shape, num_features=num_features)
+  if not isinstance(kind, str):
+    if state_dict is not None:
+      raise TypeError("from_torch(module) reads the module's own state_dict: pass no other.")
+    kind, state_dict = _from_module(kind, options)
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS} (PyTorch's class name), got {kind!r}.")
-  weight, bias = _array(state_dict, "weight"), _array(state_dict, "bias")
+  if state_dict is None:
+    raise TypeError(f"from_torch({kind!r}, ...) needs the layer's state_dict.")
+  family = next(f for f in _KEYS if kind.startswith(f))
+  _check_keys(kind, family, state_dict)
+  arrays = {k: _numpy(v) for k, v in state_dict.items() if v is not None}
+  eps, momentum, dtype = options["eps"], options["momentum"], options["dtype"]
+  weight, bias = arrays.get("weight"), arrays.get("bias")
+  x64 = jax.config.read("jax_enable_x64")
   param_dtype = jnp.dtype(jnp.float32 if weight is None else weight.dtype)
-  if weight is not None and weight.dtype == np.float64:
-    param_dtype = jnp.dtype(jnp.float32)  # NumPy's default; jax keeps float32 without x64
+  if param_dtype == np.float64 and not x64:
+    param_dtype = jnp.dtype(jnp.float32)  # what JAX holds without x64
   act = jnp.dtype(param_dtype if dtype is None else dtype)
   channel = 1 if channels_first else -1
   params = {k: v for k, v in (("scale", weight), ("bias", bias)) if v is not None}
   common = dict(use_scale=weight is not None, use_bias=bias is not None, param_dtype=param_dtype)
   if act != jnp.float32:
     common["dtype"] = act
-  if kind.startswith("BatchNorm"):
-    return _batch_norm(state_dict, params, common, eps, momentum, channel, torch_training)
-  if kind.startswith("InstanceNorm"):
-    if _array(state_dict, "running_mean") is not None:
+  c = options["num_features"]
+  if family in ("BatchNorm", "InstanceNorm", "GroupNorm"):
+    c = _features(kind, arrays, c)
+  if family == "BatchNorm" or (family == "InstanceNorm" and "running_mean" in arrays):
+    bn = _batch_norm(arrays, params, common, eps, momentum, channel, torch_training, c, x64)
+    if family == "InstanceNorm":
       # Running averages of instance statistics, used at evaluation: a BatchNorm whose
       # sub-batches are single examples (instance statistics in training).
-      bn = _batch_norm(state_dict, params, common, eps, momentum, channel, torch_training)
       bn.kwargs["virtual_batch_size"] = bn.nnx_kwargs["virtual_batch_size"] = 1
-      return bn
-    c = _features(weight, bias, None, num_features, kind)
+    return bn
+  if family == "InstanceNorm":
     kw = dict(epsilon=torch_epsilon(eps), feature_axes=channel, **common)
     return TorchNorm("InstanceNorm", kw, dict(num_features=c, **kw), _vars(params))
-  if kind == "GroupNorm":
-    if num_groups is None:
+  if family == "GroupNorm":
+    if options["num_groups"] is None:
       raise ValueError("GroupNorm needs num_groups (PyTorch's first constructor argument).")
-    c = _features(weight, bias, None, num_features, kind)
-    kw = dict(num_groups=int(num_groups), epsilon=torch_epsilon(eps), feature_axis=channel)
-    kw.update(common)
-    nnx_kw = dict(num_features=c, **kw)
-    return TorchNorm("GroupNorm", kw, nnx_kw, _vars(params))
-  shape = tuple(np.atleast_1d(normalized_shape)) if weight is None else weight.shape
-  if not shape:
-    raise ValueError(f"{kind} without a weight needs normalized_shape.")
+    kw = dict(num_groups=int(options["num_groups"]), epsilon=torch_epsilon(eps),
+              feature_axis=channel, **common)  # fmt: skip
+    return TorchNorm("GroupNorm", kw, dict(num_features=c, **kw), _vars(params))
+  if kind == "LayerNorm2d":  # over the channels of an NCHW (or NHWC) input
+    if weight is None and c is None:
+      raise ValueError("LayerNorm2d without a weight needs num_features (its channels).")
+    c = int(weight.shape[0]) if weight is not None else int(c)
+    kw = dict(reduction_axes=channel, feature_axes=channel, epsilon=torch_epsilon(eps), **common)
+    return TorchNorm("LayerNorm", kw, dict(num_features=c, **kw), _vars(params))
+  if options["normalized_shape"] is not None:
+    shape = tuple(int(d) for d in np.atleast_1d(options["normalized_shape"]))
+  elif weight is not None:
+    shape = tuple(weight.shape)
+  else:
+    raise ValueError(
+      f"{kind} without a weight (elementwise_affine=False) needs normalized_shape=, "
+      f"its constructor's first argument."
+    )
+  for name in ("weight", "bias"):
+    if name in arrays and arrays[name].shape != shape:
+      raise ValueError(
+        f"{kind}'s {name} has shape {arrays[name].shape}, but normalized_shape is {shape}."
+      )
   axes = tuple(range(-len(shape), 0))
   kw = dict(reduction_axes=axes, feature_axes=axes, epsilon=torch_epsilon(eps, act), **common)
   nnx_kw = dict(num_features=math.prod(shape), **kw)
   return TorchNorm("RMSNorm" if kind == "RMSNorm" else "LayerNorm", kw, nnx_kw, _vars(params))
 
 
-def _features(weight, bias, running, num_features, kind):
-  for a in (weight, bias, running):
-    if a is not None:
-      return int(a.shape[0])
+def _features(kind, arrays, num_features):
+  """The channel count, from the per-channel arrays (which must agree) or ``num_features``."""
+  shapes = {k: a.shape for k, a in arrays.items() if k != "num_batches_tracked"}
+  if len(set(shapes.values())) > 1 or any(len(s) != 1 for s in shapes.values()):
+    raise ValueError(f"{kind}'s per-channel entries must all have one shape (C,), got {shapes}.")
+  if shapes:
+    c = int(next(iter(shapes.values()))[0])
+    if num_features is not None and int(num_features) != c:
+      raise ValueError(f"num_features={num_features}, but {kind}'s arrays have {c} channels.")
+    return c
   if num_features is None:
     raise ValueError(
       f"{kind} without weight, bias or running statistics: pass num_features= (the number "
@@ -201,45 +339,57 @@ def _vars(params, stats=None):
   return out
 
 
-def _batch_norm(state_dict, params, common, eps, momentum, channel, torch_training):
-  mean, var = _array(state_dict, "running_mean"), _array(state_dict, "running_var")
-  c = _features(params.get("scale"), params.get("bias"), mean, None, "BatchNorm")
+def _batch_norm(arrays, params, common, eps, momentum, channel, torch_training, c, x64):
   if momentum is not None and not 0 <= momentum <= 1:
     raise ValueError(f"momentum must be PyTorch's, in [0, 1] (e.g. 0.1), got {momentum!r}.")
+  if "running_mean" not in arrays:
+    # track_running_stats=False: batch statistics in training and at evaluation alike;
+    # no running averages, so momentum and the variance convention play no part.
+    kw = dict(axis=channel, epsilon=torch_epsilon(eps), track_running_stats=False, **common)
+    return TorchNorm("BatchNorm", kw, dict(num_features=c, **kw), _vars(params))
   kw = dict(
     axis=channel,
     momentum=None if momentum is None else 1.0 - float(momentum),
     epsilon=torch_epsilon(eps),
     **common,
   )
-  if mean is None:  # track_running_stats=False: batch statistics also at evaluation
-    kw["use_running_average"] = False
-    mean, var = np.zeros(c, np.float32), np.ones(c, np.float32)
   if torch_training:
     kw["unbiased_running_var"] = True
   elif momentum is None:
     raise ValueError("momentum=None is PyTorch's cumulative average: keep torch_training=True.")
-  stats = {"mean": mean.astype(np.float32), "var": var.astype(np.float32)}
-  if momentum is None:
-    tracked = _array(state_dict, "num_batches_tracked")
-    stats["num_batches_tracked"] = np.asarray(0 if tracked is None else tracked, np.int32)
+  stats_dtype = np.float64 if x64 and arrays["running_mean"].dtype == np.float64 else np.float32
+  stats = {k: arrays[f"running_{k}"].astype(stats_dtype) for k in ("mean", "var")}
+  if torch_training:  # PyTorch's counter of updates, kept (momentum=None reads it)
+    stats["num_batches_tracked"] = np.asarray(arrays.get("num_batches_tracked", 0), np.int32)
   nnx_kw = dict(num_features=c, **kw)
   return TorchNorm("BatchNorm", kw, nnx_kw, _vars(params, stats))
 
 
 def norms_from_state_dict(
-  state_dict: Mapping[str, Any],
-  rules: Mapping[str, tuple[str, str | Callable]],
+  state_dict: Any,
+  rules: Mapping[str, Any],
   **options: Any,
 ) -> tuple[dict, dict[str, TorchNorm], list[str]]:
-  """Converts every norm of a whole model's ``state_dict`` by name pattern.
+  """Converts every norm of a whole model by name pattern: of the model itself (a PyTorch
+  module: each norm with its own ``eps``, ``momentum``, groups, ... read from it), or of
+  its ``state_dict``.
 
   ``rules`` maps a regular expression matching a PyTorch module's name (a key without its
   last ``.weight``/``.bias``/...) to ``(kind, flax_path)``: the PyTorch class and the
   Flax path of the module, a ``re.sub`` replacement (groups allowed) with ``/`` between
-  names. Other entries (convolutions, linear layers) are left to the caller (a Conv
-  kernel ``OIHW`` becomes Flax's ``HWIO`` with ``w.transpose(2, 3, 1, 0)``, a Linear
-  ``(out, in)`` weight ``w.T``).
+  names; for a model, ``flax_path`` alone will do (the class is the module's own). Other
+  entries (convolutions, linear layers) are left to the caller (a Conv kernel ``OIHW``
+  becomes Flax's ``HWIO`` with ``w.transpose(2, 3, 1, 0)``, a Linear ``(out, in)``
+  weight ``w.T``).
+
+  Args:
+    state_dict: a PyTorch model (anything with ``named_modules()`` and ``state_dict()``)
+      or its ``state_dict`` (a mapping of names to arrays).
+    rules: ``{pattern: (kind, flax_path)}``; for a model also ``{pattern: flax_path}``,
+      which matches only the model's norm modules (e.g. ``{r"(.*)": r"\1"}``: every one).
+    **options: :func:`from_torch`'s options for every converted layer (with a model,
+      only those a module does not hold: ``channels_first``, ``dtype``,
+      ``torch_training``).
 
   Returns:
     ``(variables, layers, rest)``: the norms' Linen variables nested at their Flax paths
@@ -255,24 +405,44 @@ def norms_from_state_dict(
   >>> sorted(variables["params"]["layer1_0"]["bn1"]), rest
   (['bias', 'scale'], ['layer1.0.conv1.weight'])
   """
-  modules: dict[str, dict] = {}
-  for key, value in state_dict.items():
-    prefix, _, leaf = key.rpartition(".")
-    modules.setdefault(prefix, {})[leaf] = value
+  if hasattr(state_dict, "named_modules"):
+    model = state_dict
+    state_dict = dict(model.state_dict())
+    sources: dict[str, Any] = dict(model.named_modules())
+  else:
+    sources = {}
+    for key, value in state_dict.items():
+      prefix, _, leaf = key.rpartition(".")
+      sources.setdefault(prefix, {})[leaf] = value
   variables: dict = {}
   layers: dict[str, TorchNorm] = {}
   used: set[str] = set()
-  for prefix, arrays in modules.items():
-    for pattern, (kind, path) in rules.items():
-      if re.fullmatch(pattern, prefix):
-        flax_path = re.sub(pattern, path, prefix) if isinstance(path, str) else path(prefix)
-        layer = from_torch(kind, arrays, **options)
-        layers[flax_path] = layer
-        for collection, values in layer.variables.items():
-          node = variables.setdefault(collection, {})
-          for name in flax_path.split("/"):
-            node = node.setdefault(name, {})
-          node.update(values)
-        used.update(f"{prefix}.{leaf}" for leaf in arrays)
-        break
+  for prefix, source in sources.items():
+    for pattern, rule in rules.items():
+      kind, path = rule if isinstance(rule, tuple) else (None, rule)
+      if not re.fullmatch(pattern, prefix):
+        continue
+      if kind is None and not isinstance(source, dict) and type(source).__name__ not in KINDS:
+        continue  # a path-only rule matches a model's norms only
+      flax_path = re.sub(pattern, path, prefix) if isinstance(path, str) else path(prefix)
+      if isinstance(source, dict):
+        if kind is None:
+          raise ValueError(f"rule {pattern!r} needs (kind, flax_path) for a state_dict.")
+        layer = from_torch(kind, source, **options)
+        leaves = list(source)
+      else:
+        if kind is not None and type(source).__name__ != kind:
+          raise ValueError(
+            f"{prefix!r} is a {type(source).__name__}, but rule {pattern!r} says {kind}."
+          )
+        layer = from_torch(source, **options)
+        leaves = list(source.state_dict())
+      layers[flax_path] = layer
+      for collection, values in layer.variables.items():
+        node = variables.setdefault(collection, {})
+        for name in flax_path.split("/"):
+          node = node.setdefault(name, {})
+        node.update(values)
+      used.update(f"{prefix}.{leaf}" for leaf in leaves)
+      break
   return variables, layers, [k for k in state_dict if k not in used]

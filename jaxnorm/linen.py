@@ -30,7 +30,7 @@ from jax.nn import initializers
 
 from jaxnorm import functional as F
 from jaxnorm._axes import Axes, canonicalize_axes, kept_shape
-from jaxnorm.batch import batch_norm_step, running_stats_dtypes
+from jaxnorm.batch import batch_norm_step, counts_batches, running_stats_dtypes
 from jaxnorm.frozen import frozen_batch_norm
 from jaxnorm.renorm import batch_renorm_step
 
@@ -71,8 +71,10 @@ def _batch_norm_variables(module: Any, x: jax.Array) -> tuple[Any, ...]:
   mean_dtype, var_dtype = running_stats_dtypes(
     module.param_dtype, x.dtype, module.dtype, module.force_float32_reductions
   )
-  ra_mean = module.variable("batch_stats", "mean", jnp.zeros, stats_shape, mean_dtype)
-  ra_var = module.variable("batch_stats", "var", jnp.ones, stats_shape, var_dtype)
+  ra_mean = ra_var = None
+  if getattr(module, "track_running_stats", True):
+    ra_mean = module.variable("batch_stats", "mean", jnp.zeros, stats_shape, mean_dtype)
+    ra_var = module.variable("batch_stats", "var", jnp.ones, stats_shape, var_dtype)
   scale, bias = _affine_params(module, tuple(x.shape[a] for a in feat), module.use_bias)
   return feat, red, ra_mean, ra_var, scale, bias
 
@@ -140,18 +142,24 @@ class BatchNorm(nn.BatchNorm):
     unbiased_running_var: (jaxnorm) store the unbiased batch variance ``n/(n − 1)·var``
       in the running average, PyTorch's convention (``n``: the valid count across devices
       and masks); the output still uses the biased one, as PyTorch's (default False).
-      With ``momentum=None`` the running averages are PyTorch's cumulative average, and
-      ``batch_stats`` holds its counter ``num_batches_tracked`` (int32).
+      ``batch_stats`` then holds PyTorch's counter of updates ``num_batches_tracked``
+      (int32), and ``momentum=None`` is PyTorch's cumulative average (which also keeps
+      the counter).
     virtual_batch_size: (jaxnorm) in training, normalize each consecutive sub-batch of
       this many examples along the batch axis (the first reduction axis) with its own
       statistics: ghost batch normalization (Hoffer et al. 2017). The batch on each device
       must be a multiple of it; the running averages follow the mean of the sub-batch
       statistics; ``init`` and inference are unchanged (default None: the whole batch).
+    track_running_stats: (jaxnorm) False: keep no running statistics (no ``batch_stats``)
+      and normalize with the batch statistics in training and at inference alike, as
+      PyTorch's ``track_running_stats=False``; ``use_running_average`` is then optional
+      and changes nothing (default True).
   """
 
   reduction_axes: Axes | None = None
   virtual_batch_size: int | None = None
   unbiased_running_var: bool = False
+  track_running_stats: bool = True
 
   @nn.compact
   def __call__(
@@ -169,18 +177,20 @@ class BatchNorm(nn.BatchNorm):
     Returns:
       The normalized input, of ``x``'s shape.
     """
-    use_ra = _merge_use_running_average(self.use_running_average, use_running_average)
+    use_ra = False  # without running statistics the mode changes nothing
+    if self.track_running_stats:
+      use_ra = _merge_use_running_average(self.use_running_average, use_running_average)
     x = jnp.asarray(x)
     feat, red, ra_mean, ra_var, scale, bias = _batch_norm_variables(self, x)
     tracked = None
-    if self.momentum is None:  # PyTorch's cumulative average needs its counter
+    if counts_batches(self):
       tracked = self.variable("batch_stats", "num_batches_tracked", jnp.zeros, (), jnp.int32)
     y, updated = batch_norm_step(
       x,
       scale,
       bias,
-      ra_mean.value,
-      ra_var.value,
+      None if ra_mean is None else ra_mean.value,
+      None if ra_var is None else ra_var.value,
       use_running_average=use_ra,
       momentum=self.momentum,
       initializing=self.is_initializing(),
@@ -191,7 +201,7 @@ class BatchNorm(nn.BatchNorm):
       unbiased_running_var=self.unbiased_running_var,
       num_batches_tracked=None if tracked is None else tracked.value,
     )
-    if updated is not None:
+    if updated is not None and ra_mean is not None and ra_var is not None:
       ra_mean.value, ra_var.value = updated[:2]
       if tracked is not None:
         tracked.value = updated[2]

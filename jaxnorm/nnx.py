@@ -42,7 +42,7 @@ from jax.nn import initializers
 
 from jaxnorm import functional as F
 from jaxnorm._axes import Axes, canonicalize_axes, kept_shape
-from jaxnorm.batch import batch_norm_step, running_stats_dtypes
+from jaxnorm.batch import batch_norm_step, counts_batches, running_stats_dtypes
 from jaxnorm.frozen import batch_norm_labels, frozen_batch_norm
 from jaxnorm.renorm import batch_renorm_step, check_renorm_schedule
 
@@ -141,9 +141,13 @@ class BatchNorm(nnx.BatchNorm):
       keeps more than the feature axis, e.g. ``(T, D)`` for per-time-step statistics of a
       ``(B, T, D)`` input with ``reduction_axes=0`` (default ``(num_features,)``).
     virtual_batch_size: (jaxnorm) ghost batches, as in :class:`jaxnorm.linen.BatchNorm`.
-    unbiased_running_var: (jaxnorm) PyTorch's running variance, as in
-      :class:`jaxnorm.linen.BatchNorm`; ``momentum=None`` is PyTorch's cumulative average,
-      with an ``nnx.BatchStat`` ``num_batches_tracked`` counter.
+    unbiased_running_var: (jaxnorm) PyTorch's running variance and its counter of updates
+      (an ``nnx.BatchStat`` ``num_batches_tracked``), as in
+      :class:`jaxnorm.linen.BatchNorm`; ``momentum=None`` is PyTorch's cumulative average
+      (with the counter too).
+    track_running_stats: (jaxnorm) False: no running statistics (``mean`` and ``var``
+      are None) and the batch statistics in every mode, PyTorch's
+      ``track_running_stats=False`` (default True).
 
   The running statistics are ``nnx.BatchStat`` in float32 (float64 for a float64
   ``param_dtype`` under ``jax_enable_x64``); a step whose batch has no valid element or
@@ -175,11 +179,21 @@ class BatchNorm(nnx.BatchNorm):
     stats_shape: tuple[int, ...] | None = None,
     virtual_batch_size: int | None = None,
     unbiased_running_var: bool = False,
+    track_running_stats: bool = True,
   ):
     shape = (num_features,) if stats_shape is None else tuple(stats_shape)
     mean_dtype, var_dtype = running_stats_dtypes(param_dtype, jnp.float32, dtype)
-    self.mean = nnx.BatchStat(jnp.zeros(shape, mean_dtype))
-    self.var = nnx.BatchStat(jnp.ones(shape, var_dtype))
+    if track_running_stats:
+      self.mean = nnx.BatchStat(jnp.zeros(shape, mean_dtype))
+      self.var = nnx.BatchStat(jnp.ones(shape, var_dtype))
+    elif type(self) is not BatchNorm:
+      raise ValueError(
+        f"{type(self).__name__} needs running statistics: track_running_stats=False is "
+        f"for BatchNorm (batch statistics in every mode)."
+      )
+    else:
+      none: Any = None  # (declared as data, not as a static attribute)
+      self.mean = self.var = nnx.data(none)
     _affine_params(self, num_features, use_scale, use_bias, scale_init, bias_init,
                    param_dtype=param_dtype, rngs=rngs, scale_metadata=scale_metadata,
                    bias_metadata=bias_metadata, empty=nnx.data(None))  # fmt: skip
@@ -199,7 +213,8 @@ class BatchNorm(nnx.BatchNorm):
     self.reduction_axes = reduction_axes
     self.virtual_batch_size = virtual_batch_size
     self.unbiased_running_var = unbiased_running_var
-    if momentum is None:  # PyTorch's cumulative average needs its counter
+    self.track_running_stats = track_running_stats
+    if counts_batches(self):
       self.num_batches_tracked = nnx.BatchStat(jnp.zeros((), jnp.int32))
 
   def __call__(
@@ -217,11 +232,11 @@ class BatchNorm(nnx.BatchNorm):
       reduction_axes=red,
       virtual_batch_size=self.virtual_batch_size,
       unbiased_running_var=self.unbiased_running_var,
-      num_batches_tracked=self.num_batches_tracked[...] if self.momentum is None else None,
+      num_batches_tracked=self.num_batches_tracked[...] if counts_batches(self) else None,
       **_common(self, mask),
     )
     self._store(updated)
-    if updated is not None and self.momentum is None:
+    if updated is not None and counts_batches(self):
       self.num_batches_tracked[...] = updated[2]
     return y
 
@@ -229,14 +244,14 @@ class BatchNorm(nnx.BatchNorm):
     """The mode, the promoted input, ``(scale, bias, mean, var)`` laid onto its axes, and
     the feature and reduction axes: what every BatchNorm-family call starts with."""
     use_ra = _use_running_average(use_running_average, self.use_running_average)
-    stored = (self.mean[...], self.var[...])
+    stored = (_read(self.mean), _read(self.var))
     x, mean, var, scale, bias = self.promote_dtype(
       (x, *stored, _read(self.scale), _read(self.bias)), dtype=self.dtype
     )
     feat = canonicalize_axes(self.axis, jnp.ndim(x), name="axis")
     red = F.batch_norm_axes(jnp.ndim(x), feat, self.reduction_axes)
     shape = kept_shape(jnp.shape(x), red)
-    if math.prod(shape) != stored[0].size:
+    if stored[0] is not None and math.prod(shape) != stored[0].size:
       raise ValueError(
         f"{type(self).__name__}({self.num_features}) keeps running statistics of shape "
         f"{stored[0].shape}, but an input of shape {jnp.shape(x)} reduced over axes {red} "
@@ -252,7 +267,7 @@ class BatchNorm(nnx.BatchNorm):
 
   def _store(self, updated):
     """Writes a training step's new running statistics (None: nothing to write)."""
-    if updated is None:
+    if updated is None or self.mean is None:
       return
     # The running averages are not trained: no gradient flows into them (as flax.nnx).
     mean, var = jax.lax.stop_gradient(updated[:2])
