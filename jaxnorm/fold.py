@@ -68,7 +68,10 @@ def fold_batch_norm(
 
 
 def fold_batch_norms(
-  variables: Mapping[str, Any], pairs: Mapping[str, str], *, epsilon: float = 1e-5
+  variables: Mapping[str, Any],
+  pairs: Mapping[str, str],
+  *,
+  epsilon: float | Mapping[str, Any] = 1e-5,
 ) -> dict:
   """Folds every ``layer → BatchNorm`` pair of a Linen model's variables.
 
@@ -76,12 +79,19 @@ def fold_batch_norms(
     variables: the model's variables (``params`` and ``batch_stats``).
     pairs: ``{layer path: BatchNorm path}``, paths with ``/`` between module names, e.g.
       ``{"Conv_0": "BatchNorm_0", "block1/conv": "block1/bn"}``.
-    epsilon: the BatchNorms' ε.
+    epsilon: the BatchNorms' ε: one number for all (default 1e-5, BatchNorm's), or each
+      norm's own, ``{BatchNorm path: ε}``; the values may also be the converted layers
+      of :func:`jaxnorm.convert.norms_from_state_dict` (its ``layers``), whose ε is used.
 
   Returns:
     The variables of the same model built without those BatchNorms and with a bias on
     each folded layer (``use_bias=True``): the norms' entries removed, the layers'
     ``kernel``/``bias`` replaced; ``batch_stats`` dropped when nothing is left in it.
+
+  Raises:
+    ValueError: for a path with no such module, a norm without running statistics (it
+      normalizes with each batch's own, so it is no fixed affine map), or a norm missing
+      from a per-norm ``epsilon``.
 
   >>> v = {"params": {"Dense_0": {"kernel": jnp.ones((2, 3))},
   ...                 "BatchNorm_0": {"scale": jnp.ones(3), "bias": jnp.zeros(3)}},
@@ -91,14 +101,35 @@ def fold_batch_norms(
   """
   out = _copy(variables)  # new containers, the same arrays
   for layer_path, norm_path in pairs.items():
+    eps = _epsilon_of(epsilon, norm_path)
     norm = {c: _pop(out[c], norm_path) for c in ("params", "batch_stats") if c in out}
     if norm.get("batch_stats") is None:
+      if norm.get("params") is not None:
+        raise ValueError(
+          f"the norm at {norm_path!r} has no running statistics (e.g. PyTorch's "
+          f"track_running_stats=False): it normalizes with each batch's own statistics, "
+          f"so it is not a fixed affine map and cannot be folded; keep it in the model."
+        )
       raise ValueError(f"no BatchNorm statistics at {norm_path!r} in the variables.")
     norm = {c: v for c, v in norm.items() if v is not None}
     layer = _get(out["params"], layer_path)
-    layer.update(fold_batch_norm(layer, norm, epsilon=epsilon))
+    layer.update(fold_batch_norm(layer, norm, epsilon=eps))
   out = {c: _prune(tree) for c, tree in out.items()}
   return {c: tree for c, tree in out.items() if tree != {}}
+
+
+def _epsilon_of(epsilon, norm_path):
+  """The ε of the norm at ``norm_path``: the one number, or its entry of the mapping."""
+  if not isinstance(epsilon, Mapping):
+    return epsilon
+  if norm_path not in epsilon:
+    raise ValueError(
+      f"epsilon gives no value for the norm at {norm_path!r} (it has {sorted(epsilon)}); "
+      f"give each folded norm its own ε."
+    )
+  value = epsilon[norm_path]
+  kwargs = getattr(value, "kwargs", None)  # a converted layer (jaxnorm.convert.TorchNorm)
+  return value if kwargs is None else kwargs["epsilon"]
 
 
 def _copy(tree):

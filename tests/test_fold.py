@@ -74,3 +74,64 @@ def test_fold_errors():
     jaxnorm.fold_batch_norms(
       {"params": {"Dense_0": {"kernel": jnp.ones((2, 3))}}}, {"Dense_0": "bn"}
     )
+
+
+class TwoBlocks(nn.Module):
+  """Two Conv → BatchNorm pairs with different ε (1e-3 and 1e-1), as ported models have."""
+
+  folded: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    for i, eps in enumerate((1e-3, 1e-1)):
+      x = nn.Conv(4, (3, 3), use_bias=self.folded, name=f"conv{i}")(x)
+      if not self.folded:
+        x = jaxnorm.BatchNorm(use_running_average=True, epsilon=eps, name=f"bn{i}")(x)
+    return x
+
+
+def test_each_pair_folds_with_its_own_epsilon(rng):
+  x = rng.normal(size=(2, 9, 9, 4)).astype(np.float32)
+  variables = TwoBlocks().init(jax.random.key(0), x)
+  for i in range(2):  # variances about ε, so that every ε matters
+    variables["batch_stats"][f"bn{i}"]["var"] = jnp.asarray(rng.uniform(1e-3, 1e-1, 4), jnp.float32)
+  want = np.asarray(TwoBlocks().apply(variables, x))
+  pairs = {"conv0": "bn0", "conv1": "bn1"}
+  folded = jaxnorm.fold_batch_norms(variables, pairs, epsilon={"bn0": 1e-3, "bn1": 1e-1})
+  got = np.asarray(TwoBlocks(folded=True).apply(folded, x))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+  # One ε for both (what fold_batch_norms once took) is far off: the test can fail.
+  one = jaxnorm.fold_batch_norms(variables, pairs, epsilon=1e-3)
+  assert np.abs(TwoBlocks(folded=True).apply(one, x) - want).max() > 0.1 * np.abs(want).max()
+  # Converted PyTorch layers carry their ε: they can be given as they are.
+  layers = {
+    f"bn{i}": jaxnorm.convert.from_torch("BatchNorm2d", {}, eps=eps, num_features=4)
+    for i, eps in enumerate((1e-3, 1e-1))
+  }
+  by_layers = jaxnorm.fold_batch_norms(variables, pairs, epsilon=layers)
+  np.testing.assert_array_equal(
+    by_layers["params"]["conv1"]["bias"], folded["params"]["conv1"]["bias"]
+  )
+  with pytest.raises(ValueError, match="gives no value for the norm at 'bn1'"):
+    jaxnorm.fold_batch_norms(variables, pairs, epsilon={"bn0": 1e-3})
+
+
+def test_a_norm_without_running_statistics_is_not_folded():
+  variables = {"params": {"Dense_0": {"kernel": jnp.ones((2, 3))},
+                          "bn": {"scale": jnp.ones(3), "bias": jnp.zeros(3)}}}  # fmt: skip
+  with pytest.raises(ValueError, match="no running statistics.*cannot be folded"):
+    jaxnorm.fold_batch_norms(variables, {"Dense_0": "bn"})
+
+
+def test_float64_stays_float64():
+  with jax.enable_x64(True):
+    kernel = np.ones((2, 3))
+    norm = {"batch_stats": {"mean": np.full(3, 1 / 3), "var": np.full(3, 1 / 7)}}
+    folded = jaxnorm.fold_batch_norm({"kernel": kernel}, norm, epsilon=0.0)
+    assert folded["kernel"].dtype == jnp.float64
+    np.testing.assert_allclose(folded["bias"], -1 / 3 * np.sqrt(7), rtol=1e-15)
+    layer = jaxnorm.convert.from_torch(
+      "BatchNorm2d", {"weight": kernel[0], "bias": kernel[0], "running_mean": kernel[0],
+                      "running_var": kernel[0]})  # fmt: skip
+    assert layer.kwargs["param_dtype"] == jnp.float64
+    assert layer.variables["batch_stats"]["var"].dtype == np.float64
