@@ -188,3 +188,23 @@ def test_export_cnn_round_trip(capsys, tmp_path):
   assert result["max_logit_difference"] < 1e-4 * max(1.0, result["max_logit"])
   assert result["exported_test_accuracy"] == result["test_accuracy"] > 0.5
   assert os.path.getsize(result["artifact"]) == result["artifact_bytes"] > 1000
+
+
+def test_port_resnet18_matches_pytorch(capsys):
+  """The ported ResNet-18 gives PyTorch's recorded logits (eval and training mode) and
+  running statistics to float32 rounding; a layout or ε mistake is off by far more."""
+  import port_resnet18
+
+  port_resnet18.main([])
+  result = _last_json_line(capsys)
+  diff, scale = result["max_difference"], result["max_logit"]
+  assert diff["eval_logits"] < 2e-6 * scale and diff["train_logits"] < 2e-6 * scale
+  assert diff["running_mean"] < 1e-6 and diff["running_var"] < 1e-5
+  # PyTorch's axis=1 kept for NHWC data: at 128 px bn1 sees (2, 64, 64, 64), 64 rows and
+  # 64 channels, no shape error, and its output is far off (the comparison would catch it).
+  model, variables = port_resnet18.port(port_resnet18.torch_state_dict())
+  h = np.random.default_rng(0).normal(size=(2, 64, 64, 64)).astype(np.float32)
+  bn1 = {c: tree["bn1"] for c, tree in variables.items()}
+  right = model.norm(use_running_average=True).apply(bn1, h)
+  wrong = model.norm(use_running_average=True, axis=1).apply(bn1, h)
+  assert np.abs(wrong - right).max() > 0.1 * np.abs(right).max()
