@@ -44,7 +44,6 @@ from jaxnorm._stats import (
   broadcast_mask,
   concrete_value,
   freeze_groups,
-  group_max,
   group_moments,
   group_sum,
   psum,
@@ -169,47 +168,21 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
     # instead of fusing the slice into every small consumer (measured 2|x| less traffic).
     shift = shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups)
     shift = None if shift is None else tuple(map(v, shift))
-  kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))
-
-  def moments_of(xv, shift):
-    stats = group_moments(
-      xv,
-      v.axes,
-      cfg.center,
-      v(mask),
-      cfg.axis_name,
-      cfg.axis_index_groups,
-      v.channel_groups,
-      shift,
-      cfg.dtype,
-    )
-    return Moments(*(s.reshape(kept) for s in stats))
-
-  def rescaled(_):
-    # Each group divided by a power of two near its largest |x| (exact), then
-    # r = k/sqrt(var_k + ε·k²): the variance of x·k cannot overflow.
-    xv = v(x).astype(cfg.dtype)
-    k = jnp.reshape(_inverse_magnitude(xv, v, v(mask), cfg), kept)
-    stats = moments_of(xv * v(k), None)
-    mean, var = stats.mean / k, stats.var / (k * k)
-    if cfg.epsilon_in_root:
-      r = inverse_std(stats.var, epsilon * k * k, True) * k
-    else:
-      r = inverse_std(stats.var, epsilon * k, False) * k
-    return Moments(mean.astype(stats.mean.dtype), var, stats.count), r.astype(var.dtype)
-
-  stats = moments_of(v(x), shift)
-  r = inverse_std(stats.var, epsilon, cfg.epsilon_in_root)
-  # Beyond |x| ~ 1.8e19 float32 squares overflow: the variance is inf (or NaN) and r a
-  # confident 0. Normalization is scale-invariant, so such inputs are normalized again
-  # after an exact rescaling (only then: one small reduction decides).
-  stats, r = lax.cond(
-    jnp.all(jnp.isfinite(stats.var)),
-    lambda _: _varying_like(x, (stats, r), cfg),
-    lambda _: _varying_like(x, rescaled(_), cfg),
-    None,
+  stats = group_moments(
+    v(x),
+    v.axes,
+    cfg.center,
+    v(mask),
+    cfg.axis_name,
+    cfg.axis_index_groups,
+    v.channel_groups,
+    shift,
+    cfg.dtype,
   )
   x = x.astype(cfg.dtype)
+  kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))
+  stats = Moments(*(s.reshape(kept) for s in stats))
+  r = inverse_std(stats.var, epsilon, cfg.epsilon_in_root)
   if mask is not None:
     r = jnp.where(stats.count > 0, r, 0)  # a group with no valid element: x̂ = 0, no NaN
   g = r if scale is None else scale * r
@@ -217,30 +190,6 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   if bias is not None:
     y = y + bias
   return y.astype(cfg.out_dtype), stats, r
-
-
-def _varying_like(x, tree, cfg):
-  """``tree`` typed as varying wherever ``x`` is (under ``shard_map``), so that both
-  branches of the overflow check have one type: each leaf plus an exact zero taken from
-  ``x`` (a sum over none of its elements; no read). With ``axis_name`` the statistics are
-  the same on every member and keep that type."""
-  if cfg.axis_name is not None:
-    return tree
-  zero = jnp.real(jnp.sum(lax.slice_in_dim(jnp.reshape(x, (-1,)), 0, 0)))
-  return jax.tree.map(lambda a: a + zero.astype(a.dtype), tree)
-
-
-def _inverse_magnitude(xv, v, mask, cfg):
-  """Per group of the view ``xv``, ``2**-e`` with ``2**(e-1) <= max|x| < 2**e`` over the
-  valid elements (across devices), 1 for a group of zeros; of the statistics' view shape."""
-  a = jnp.abs(xv).astype(real_dtype(cfg.dtype))
-  if mask is not None:
-    a = jnp.where(broadcast_mask(mask, a.shape), a, 0)
-  m = group_max(a, v.axes, v.channel_groups)
-  if cfg.axis_name is not None:
-    m = lax.pmax(m, cfg.axis_name, axis_index_groups=cfg.axis_index_groups)
-  _, e = jnp.frexp(m)
-  return jnp.ldexp(jnp.ones_like(m), -e)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
@@ -395,9 +344,8 @@ def _complex_normalize(x, scale, bias, mask, epsilon, cfg):
   """Complex inputs (Flax's semantics: complex mean, real variance ``E|x − μ|²``) take the
   exact two-pass statistics and JAX's own derivative: the closed-form rule above is
   written for real arithmetic."""
-  y, stats, _ = _primal(
-    x, scale, bias, mask, epsilon, cfg
-  )  # (complex: two passes, see group_moments)
+  # (complex: two passes, see group_moments)
+  y, stats, _ = _primal(x, scale, bias, mask, epsilon, cfg)
   return y, stats
 
 
