@@ -137,19 +137,6 @@ def group_sum(
   return _repeat_on_channels(jnp.sum(s.reshape(split), axis + 1, keepdims=True), split, axis)
 
 
-def sum_sq(d: jax.Array, axes: tuple[int, ...], groups: Any, size: int) -> tuple[jax.Array, float]:
-  """``(c·Σ|d|², c)`` over ``axes`` (and channel ``groups``), for groups of at most ``size``
-  elements, with ``c = 2**-ceil(log2 size)``: an exact scaling under which the sum cannot
-  overflow where the mean square would not (float32 sums of squares overflowed beyond
-  |d| ≈ 1e18, and the output became a confident 0). A square that overflows by itself
-  (|d| beyond ~1.8e19 in float32) makes its group NaN through ``t − t``. Adds and
-  multiplies only: a select or a max reduction would split XLA:CPU's fused reductions
-  (benchmarks/RESULTS.md, item 26)."""
-  c = 2.0 ** -math.ceil(math.log2(max(size, 1)))
-  t = abs_sq(d)
-  return group_sum(t * c + (t - t), axes, groups), c
-
-
 def _split_channels(shape, axis, g):
   """``shape`` with its channel ``axis`` split into ``(G, C/G)``."""
   return shape[:axis] + (g, shape[axis] // g) + shape[axis + 1 :]
@@ -222,7 +209,7 @@ def barrier_on_cpu(a):
   return lax.platform_dependent(a, cpu=lax.optimization_barrier, default=lambda a: a)
 
 
-def _checked_moments(raw, dtype, axes, inv_n, groups, size):
+def _checked_moments(raw, dtype, axes, inv_n, groups=None):
   """Mean and centred variance, from one parallel pass of ``Σx`` and ``Σx²`` when that is
   exact enough, else from a second, corrected pass over ``x − mean``.
 
@@ -238,8 +225,7 @@ def _checked_moments(raw, dtype, axes, inv_n, groups, size):
   """
   x, other, _ = apart(raw, dtype)
   mean = group_sum(x, axes, groups) * inv_n
-  s, c = sum_sq(other, axes, groups, size)  # (x² overflowing: NaN, so the exact branch)
-  fast = jnp.maximum(s * (inv_n / c) - mean * mean, 0)
+  fast = jnp.maximum(group_sum(other * other, axes, groups) * inv_n - mean * mean, 0)
   limit = 2e-6 / float(jnp.finfo(dtype).eps)
   # One small reduction (``initial`` covers inputs with no group at all).
   well_conditioned = jnp.max(mean * mean - limit * fast, initial=-jnp.inf) <= 0
@@ -249,15 +235,14 @@ def _checked_moments(raw, dtype, axes, inv_n, groups, size):
     x, other, sign = apart(raw, dtype)
     d, other_d = x - mean, other - sign * mean  # other_d = ±d
     shift = group_sum(d, axes, groups) * inv_n
-    s, c = sum_sq(other_d, axes, groups, size)
-    var = s * (inv_n / c) - shift * shift
+    var = group_sum(other_d * other_d, axes, groups) * inv_n - shift * shift
     return mean + shift, jnp.maximum(var, 0)
 
   mean, var = lax.cond(well_conditioned, lambda ops: ops[1:], two_pass, (raw, mean, fast))
   return mean, var
 
 
-def _shifted_moments(x, axes, inv_n, groups, shifts, size):
+def _shifted_moments(x, axes, inv_n, groups, shifts):
   """Mean and variance from one parallel pass of shifted sums, accurate for any offset.
 
   With ``a`` and ``b`` two elements of each group (its first and its last; ``shifts`` from
@@ -274,12 +259,10 @@ def _shifted_moments(x, axes, inv_n, groups, shifts, size):
   """
   if shifts is None:  # a sharded reduced axis, an empty or complex input: two passes
     mean = group_sum(x, axes, groups) * inv_n
-    s, c = sum_sq(x - mean, axes, groups, size)
-    return mean, s * (inv_n / c)
+    return mean, group_sum(abs_sq(x - mean), axes, groups) * inv_n
   a, b = shifts
   d1 = group_sum(x - a, axes, groups) * inv_n
-  s, c = sum_sq(x - b, axes, groups, size)
-  s2 = s * (inv_n / c)
+  s2 = group_sum(jnp.square(x - b), axes, groups) * inv_n
   d2 = d1 + (a - b)
   return a + d1, jnp.maximum(s2 - d2 * d2, 0)
 
@@ -302,36 +285,33 @@ def _gather(value, axis_name, axis_index_groups):
   return lax.psum(slots, axis_name, axis_index_groups=axis_index_groups)
 
 
-def _two_pass(x, axes, groups, center, valid, inv_n, size):
-  """Mean and scaled sum of squared deviations ``c·M2 = c·Σ|x − μ|²`` of the valid elements
-  (all when ``valid`` is None), in two passes, and ``c`` (:func:`sum_sq`); without
-  centering the mean is 0 and ``M2 = Σ|x|²``."""
+def _two_pass(x, axes, groups, center, valid, inv_n):
+  """Mean and sum of squared deviations ``M2 = Σ|x − μ|²`` of the valid elements (all when
+  ``valid`` is None), in two passes; without centering the mean is 0 and ``M2 = Σ|x|²``."""
   if center:
     mean = group_sum(x if valid is None else jnp.where(valid, x, 0), axes, groups) * inv_n
     dev = x - mean
   else:
     mean = jnp.zeros(inv_n.shape, x.dtype)
     dev = x
-  s, c = sum_sq(dev if valid is None else jnp.where(valid, dev, 0), axes, groups, size)
-  return mean, s, c
+  return mean, group_sum(abs_sq(dev if valid is None else jnp.where(valid, dev, 0)), axes, groups)
 
 
-def _combine_devices(count, mean, m2, c, axis_name, axis_index_groups):
+def _combine_devices(count, mean, m2, axis_name, axis_index_groups):
   """Exact statistics across devices in one collective: each device's count ``nᵢ``, mean
   ``μᵢ`` and ``M2ᵢ`` gathered (:func:`_gather`), then Chan, Golub & LeVeque's parallel
   combination ``n = Σnᵢ``, ``μ = Σnᵢμᵢ/n``, ``M2 = ΣM2ᵢ + Σnᵢ|μᵢ − μ|²`` — no offset is
   squared, devices with no valid element (``nᵢ = 0``) drop out, and every device gets the
   same result. (Two ``psum``s — sums, then deviations from the global mean — cost two
-  collectives.) ``m2`` and the combination are scaled by ``c`` (:func:`sum_sq`). Returns
-  ``(mean, var, count)``."""
+  collectives.) Returns ``(mean, var, count)``."""
   stacked = jnp.stack(jnp.broadcast_arrays(count.astype(mean.dtype), mean, m2.astype(mean.dtype)))
   gathered = _gather(stacked, axis_name, axis_index_groups)
   counts, means, m2s = gathered[:, 0].real.astype(count.dtype), gathered[:, 1], gathered[:, 2].real
   total = counts.sum(0)
   safe = jnp.maximum(total, 1)
   mean = (counts * means).sum(0) / safe
-  m2 = m2s.sum(0) + (counts * c * abs_sq(means - mean[None])).sum(0)
-  return mean, m2 / safe / c, total
+  m2 = m2s.sum(0) + (counts * abs_sq(means - mean[None])).sum(0)
+  return mean, m2 / safe, total
 
 
 def group_moments(
@@ -358,11 +338,10 @@ def group_moments(
   if jnp.iscomplexobj(x) or x.size == 0:
     shifts = None
   valid = None if mask is None else broadcast_mask(mask, x.shape)
-  per_group = 1 if groups is None else x.shape[groups[0]] // groups[1]
-  size = math.prod(x.shape[a] for a in axes) * per_group  # elements per group
   if valid is None:
+    per_group = 1 if groups is None else x.shape[groups[0]] // groups[1]
     kept = tuple(1 if a in axes else d for a, d in enumerate(x.shape))
-    count = jnp.full(kept, size, cdt)
+    count = jnp.full(kept, math.prod(x.shape[a] for a in axes) * per_group, cdt)
   else:
     count = group_sum(valid, axes, groups, dtype=cdt)
   inv_n = 1.0 / jnp.maximum(count, 1)
@@ -372,14 +351,14 @@ def group_moments(
 
   if valid is None and center and axis_name is None:
     if isinstance(shifts, str):  # the undifferentiated forward: see _checked_moments
-      mean, var = _checked_moments(raw, x.dtype, axes, inv_n, groups, size)
+      mean, var = _checked_moments(raw, x.dtype, axes, inv_n, groups)
     else:
-      mean, var = _shifted_moments(x, axes, inv_n, groups, shifts, size)
+      mean, var = _shifted_moments(x, axes, inv_n, groups, shifts)
     return result(mean, var, count)
-  mean, m2, c = _two_pass(x, axes, groups, center, valid, inv_n, size)
+  mean, m2 = _two_pass(x, axes, groups, center, valid, inv_n)
   if axis_name is None:
-    return result(mean, m2 * (inv_n / c), count)
-  return result(*_combine_devices(count, mean, m2, c, axis_name, axis_index_groups))
+    return result(mean, m2 * inv_n, count)
+  return result(*_combine_devices(count, mean, m2, axis_name, axis_index_groups))
 
 
 def moments(
