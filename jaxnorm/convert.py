@@ -61,6 +61,8 @@ _KEYS = {
   "LayerNorm": ("weight", "bias"),
   "RMSNorm": ("weight",),
 }
+_DEFAULTS = dict(eps=TORCH_EPS, momentum=0.1, num_groups=None, normalized_shape=None,
+                 num_features=None)  # fmt: skip
 # The module attributes read from a PyTorch module, by from_torch's option they fill.
 _ATTRIBUTES = {
   "eps": "eps",
@@ -245,8 +247,13 @@ def from_torch(
   options = dict(eps=eps, momentum=momentum, num_groups=num_groups, dtype=dtype)
   options.update(normalized_shape=normalized_shape, num_features=num_features)
   if not isinstance(kind, str):
-    if state_dict is not None:
-      raise TypeError("from_torch(module) reads the module's own state_dict: pass no other.")
+    given = [k for k, v in options.items() if k != "dtype" and v != _DEFAULTS[k]]
+    if state_dict is not None or given:
+      raise TypeError(
+        f"from_torch(module) reads the state_dict and {sorted(_ATTRIBUTES)} from the module "
+        f"itself; got {'a state_dict' if state_dict is not None else given} as well. Pass "
+        f"them only with a class name: from_torch('BatchNorm2d', state_dict, eps=...)."
+      )
     kind, state_dict = _from_module(kind, options)
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS} (PyTorch's class name), got {kind!r}.")
@@ -287,9 +294,13 @@ def from_torch(
               feature_axis=channel, **common)  # fmt: skip
     return TorchNorm("GroupNorm", kw, dict(num_features=c, **kw), _vars(params))
   if kind == "LayerNorm2d":  # over the channels of an NCHW (or NHWC) input
-    if weight is None and c is None:
-      raise ValueError("LayerNorm2d without a weight needs num_features (its channels).")
-    c = int(weight.shape[0]) if weight is not None else int(c)
+    shape = options["normalized_shape"]
+    if weight is not None:
+      c = int(weight.shape[0])
+    elif shape is not None:
+      c = int(np.atleast_1d(shape)[0])
+    elif c is None:
+      raise ValueError("LayerNorm2d without a weight needs normalized_shape (its channels).")
     kw = dict(reduction_axes=channel, feature_axes=channel, epsilon=torch_epsilon(eps), **common)
     return TorchNorm("LayerNorm", kw, dict(num_features=c, **kw), _vars(params))
   if options["normalized_shape"] is not None:

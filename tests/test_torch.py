@@ -214,8 +214,10 @@ def test_module_attributes_that_contradict_the_state_dict_are_refused():
                                track_running_stats=False))  # fmt: skip
   with pytest.raises(ValueError, match="affine=True but its state_dict lacks 'weight'"):
     convert.from_torch(_module("BatchNorm2d", {}, eps=1e-5, affine=True, num_features=3))
-  with pytest.raises(TypeError, match="reads the module's own state_dict"):
+  with pytest.raises(TypeError, match="from the module itself; got a state_dict"):
     convert.from_torch(_module("BatchNorm2d", init), init)
+  with pytest.raises(TypeError, match=r"from the module itself; got \['eps'\]"):
+    convert.from_torch(_module("BatchNorm2d", init, eps=1e-3), eps=1e-4)
 
 
 def test_a_whole_model_with_each_norms_own_arguments():
