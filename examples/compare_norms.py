@@ -9,10 +9,12 @@ Transformers, RMSNorm being cheaper. This script trains
   several seeds), and
 - the mini Transformer with LayerNorm and RMSNorm, Pre-LN and Post-LN (same steps),
 
-and writes ``docs/studies/norm_comparison.md`` (tables), ``docs/studies/norm_comparison.png``
-(plots) and ``docs/studies/norm_comparison.json`` (raw numbers). About 15 minutes on 2 CPU cores:
+and writes ``norm_comparison.md`` (tables), ``norm_comparison.png`` (plots) and
+``norm_comparison.json`` (raw numbers) into ``--out`` (default ``results/compare_norms``;
+the docs' copy is regenerated with ``--out docs/studies``). About 15 minutes on 2 CPU cores:
 
-  python examples/compare_norms.py [--out docs/studies] [--seeds 2] [--epochs 8] [--steps 600]
+  python examples/compare_norms.py [--out results/compare_norms] [--seeds 2] [--epochs 8]
+      [--steps 600]
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def write_report(out_dir: str, cnn: dict, tf: dict, args, seconds: float) -> Non
   lines = [
     "# Which norm when: measured",
     "",
-    "Regenerate with `python examples/compare_norms.py "
+    "Regenerate with `python examples/compare_norms.py --out docs/studies "
     f"--seeds {args.seeds} --epochs {args.epochs} --steps {args.steps}` "
     f"({seconds / 60:.0f} minutes on {os.cpu_count()} CPU cores, {platform.machine()}, "
     f"jax {jax.__version__}, device {jax.devices()[0].platform}).",
@@ -188,7 +190,7 @@ def write_report(out_dir: str, cnn: dict, tf: dict, args, seconds: float) -> Non
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", default="docs/studies")
+  ap.add_argument("--out", default="results/compare_norms")
   ap.add_argument("--seeds", type=int, default=2)
   ap.add_argument("--epochs", type=int, default=8)
   ap.add_argument("--steps", type=int, default=600)

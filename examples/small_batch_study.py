@@ -17,11 +17,11 @@ with sequential data, per-class sampling or one video per batch. It trains
   statistics, running averages updated) or frozen (``FrozenBatchNorm``, which loads the
   same variables) — a pretrained backbone moved to a new task with tiny batches,
 
-and writes ``docs/studies/small_batch.md`` (tables and what they say),
-``docs/studies/small_batch.png`` and ``docs/studies/small_batch.json``.
-About 7 minutes on 2 CPU cores:
+and writes ``small_batch.md`` (tables and what they say), ``small_batch.png`` and
+``small_batch.json`` into ``--out`` (default ``results/small_batch``; the docs' copy is
+regenerated with ``--out docs/studies``). About 7 minutes on 2 CPU cores:
 
-  python examples/small_batch_study.py [--out docs/studies] [--seeds 5] [--epochs 8]
+  python examples/small_batch_study.py [--out results/small_batch] [--seeds 5] [--epochs 8]
 """
 
 from __future__ import annotations
@@ -166,7 +166,8 @@ def write_report(out_dir, acc, ft, args, seconds):
   lines = [
     "# Small batches: which remedy, measured",
     "",
-    f"Regenerate with `python examples/small_batch_study.py --seeds {args.seeds} --epochs "
+    f"Regenerate with `python examples/small_batch_study.py --out docs/studies --seeds "
+    f"{args.seeds} --epochs "
     f"{args.epochs}` ({seconds / 60:.0f} minutes on {os.cpu_count()} CPU cores, "
     f"{platform.machine()}, jax {jax.__version__}). The mini CNN on digits "
     f"(`examples/mini_cnn.py`), {args.epochs} epochs at every batch size (the same images "
@@ -235,7 +236,7 @@ def write_report(out_dir, acc, ft, args, seconds):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", default="docs/studies")
+  ap.add_argument("--out", default="results/small_batch")  # docs' copy: --out docs/studies
   ap.add_argument("--seeds", type=int, default=5)
   ap.add_argument("--epochs", type=int, default=8)
   ap.add_argument("--pre-epochs", type=int, default=12)
