@@ -14,7 +14,7 @@ from jaxnorm import convert, nnx
 from jaxnorm._axes import canonicalize_axes
 from jaxnorm._stats import Moments, moments, reduction_dtype, update_running_average
 from jaxnorm.batch import batch_norm_step, running_stats_dtypes
-from jaxnorm.fold import fold_batch_norm, fold_batch_norms
+from jaxnorm.fold import batch_norm_epsilons, fold_batch_norm, fold_batch_norms
 from jaxnorm.frozen import freeze_batch_norm, frozen_batch_norm
 from jaxnorm.functional import (
   add_layer_norm,
@@ -53,6 +53,7 @@ __all__ = [
   "add_rms_norm",
   "affine",
   "batch_norm",
+  "batch_norm_epsilons",
   "batch_norm_step",
   "batch_renorm",
   "batch_renorm_step",

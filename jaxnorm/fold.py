@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -80,8 +81,9 @@ def fold_batch_norms(
     pairs: ``{layer path: BatchNorm path}``, paths with ``/`` between module names, e.g.
       ``{"Conv_0": "BatchNorm_0", "block1/conv": "block1/bn"}``.
     epsilon: the BatchNorms' ε: one number for all (default 1e-5, BatchNorm's), or each
-      norm's own, ``{BatchNorm path: ε}``; the values may also be the converted layers
-      of :func:`jaxnorm.convert.norms_from_state_dict` (its ``layers``), whose ε is used.
+      norm's own, ``{BatchNorm path: ε}``, e.g. from :func:`batch_norm_epsilons` (the
+      model's own) or the converted layers of :func:`jaxnorm.convert.norms_from_state_dict`
+      (its ``layers``, whose ε is used).
 
   Returns:
     The variables of the same model built without those BatchNorms and with a bias on
@@ -116,6 +118,33 @@ def fold_batch_norms(
     layer.update(fold_batch_norm(layer, norm, epsilon=eps))
   out = {c: _prune(tree) for c, tree in out.items()}
   return {c: tree for c, tree in out.items() if tree != {}}
+
+
+def batch_norm_epsilons(model: nn.Module, *args: Any, **kwargs: Any) -> dict[str, float]:
+  """Each BatchNorm's (and FrozenBatchNorm's) ε in a Linen model, by path (``/`` between
+  module names), for :func:`fold_batch_norms`: the model is traced on ``args`` and
+  ``kwargs`` (its call's arguments; shapes only, nothing is computed).
+
+  >>> import jaxnorm
+  >>> class Net(nn.Module):
+  ...   @nn.compact
+  ...   def __call__(self, x):
+  ...     x = nn.Dense(3)(x)
+  ...     return jaxnorm.BatchNorm(use_running_average=True, epsilon=1e-3)(x)
+  >>> batch_norm_epsilons(Net(), jnp.ones((2, 4)))
+  {'BatchNorm_0': 0.001}
+  """
+  found: dict[str, float] = {}
+
+  def record(next_fun, call_args, call_kwargs, context):
+    module = context.module
+    if isinstance(module, nn.BatchNorm) and context.method_name == "__call__":
+      found["/".join(module.path)] = module.epsilon
+    return next_fun(*call_args, **call_kwargs)
+
+  with nn.intercept_methods(record):
+    jax.eval_shape(lambda *a: model.init(jax.random.key(0), *a, **kwargs), *args)
+  return found
 
 
 def _epsilon_of(epsilon, norm_path):

@@ -112,6 +112,14 @@ def test_each_pair_folds_with_its_own_epsilon(rng):
   np.testing.assert_array_equal(
     by_layers["params"]["conv1"]["bias"], folded["params"]["conv1"]["bias"]
   )
+  # Or read from the model itself.
+  assert jaxnorm.batch_norm_epsilons(TwoBlocks(), x) == {"bn0": 1e-3, "bn1": 1e-1}
+  from_model = jaxnorm.fold_batch_norms(
+    variables, pairs, epsilon=jaxnorm.batch_norm_epsilons(TwoBlocks(), x)
+  )
+  np.testing.assert_array_equal(
+    from_model["params"]["conv1"]["bias"], folded["params"]["conv1"]["bias"]
+  )
   with pytest.raises(ValueError, match="gives no value for the norm at 'bn1'"):
     jaxnorm.fold_batch_norms(variables, pairs, epsilon={"bn0": 1e-3})
 

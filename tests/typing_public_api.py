@@ -60,7 +60,10 @@ def interop() -> dict[str, jax.Array]:
     "params": {"scale": jnp.ones(3), "bias": jnp.zeros(3)},
     "batch_stats": {"mean": jnp.zeros(3), "var": jnp.ones(3)},
   }
-  return jaxnorm.fold_batch_norm(layer, norm)
+  eps: dict[str, float] = jaxnorm.batch_norm_epsilons(
+    jaxnorm.BatchNorm(use_running_average=True), jnp.ones((2, 3))
+  )
+  return jaxnorm.fold_batch_norm(layer, norm, epsilon=eps[""])
 
 
 def use_everything() -> None:
