@@ -72,6 +72,11 @@ def _batch_norm_variables(module: Any, x: jax.Array) -> tuple[Any, ...]:
     module.param_dtype, x.dtype, module.dtype, module.force_float32_reductions
   )
   ra_mean = ra_var = None
+  if not getattr(module, "track_running_stats", True) and type(module) is not BatchNorm:
+    raise ValueError(
+      f"{type(module).__name__} needs running statistics: track_running_stats=False is "
+      f"for BatchNorm (batch statistics in every mode)."
+    )
   if getattr(module, "track_running_stats", True):
     ra_mean = module.variable("batch_stats", "mean", jnp.zeros, stats_shape, mean_dtype)
     ra_var = module.variable("batch_stats", "var", jnp.ones, stats_shape, var_dtype)

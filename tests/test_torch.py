@@ -334,3 +334,12 @@ def test_unbiased_running_variance_uses_the_global_valid_count():
   valid = x[mask[:, 0]]  # 15 rows over 8 devices: n/(n - 1) with n = 15, not per device
   np.testing.assert_allclose(stats["var"], valid.var(0, ddof=1), rtol=1e-5)
   np.testing.assert_allclose(stats["mean"], valid.mean(0), rtol=1e-5)
+
+
+def test_only_batch_norm_goes_without_running_statistics():
+  x = jnp.ones((4, 3))
+  with pytest.raises(ValueError, match="FrozenBatchNorm needs running statistics"):
+    jaxnorm.FrozenBatchNorm(track_running_stats=False).init(jax.random.key(0), x)
+  for cls in (jaxnorm.nnx.FrozenBatchNorm, jaxnorm.nnx.BatchRenorm):
+    with pytest.raises(ValueError, match=f"{cls.__name__} needs running statistics"):
+      cls(3, track_running_stats=False, rngs=nnx.Rngs(0))
