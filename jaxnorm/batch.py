@@ -62,6 +62,18 @@ def counts_batches(module: Any) -> bool:
   )
 
 
+def check_track_running_stats(name: str, track_running_stats: bool, plain: bool) -> bool:
+  """``track_running_stats``, refused False (``ValueError``) for every BatchNorm-family
+  class but the ``plain`` BatchNorm: Batch Renorm and frozen BatchNorm need the running
+  statistics."""
+  if not track_running_stats and not plain:
+    raise ValueError(
+      f"{name} needs running statistics: track_running_stats=False is for BatchNorm "
+      f"(batch statistics in every mode)."
+    )
+  return bool(track_running_stats)
+
+
 def batch_norm_step(
   x: jax.Array,
   scale: jax.Array | None,

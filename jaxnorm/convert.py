@@ -111,7 +111,7 @@ def torch_epsilon(eps: float | None, dtype: Any = jnp.float32) -> float:
   """PyTorch's ε: ``eps`` if given, else (``RMSNorm(eps=None)``) the machine epsilon of
   the dtype PyTorch computes in, which is float32 for float32, bfloat16 and float16 inputs
   (1.19e-7; PyTorch's documentation says ``x.dtype``, but its half-precision RMSNorm is
-  bit-identical to ``eps=torch.finfo(torch.float32).eps``, measured with PyTorch 2.14.1)
+  bit-identical to ``eps=torch.finfo(torch.float32).eps``, measured with PyTorch 2.13)
   and float64's (2.2e-16) for float64.
 
   >>> torch_epsilon(None, jnp.bfloat16)
@@ -260,8 +260,8 @@ def from_torch(
   if state_dict is None:
     raise TypeError(f"from_torch({kind!r}, ...) needs the layer's state_dict.")
   family = next(f for f in _KEYS if kind.startswith(f))
-  _check_keys(kind, family, state_dict)
   arrays = {k: _numpy(v) for k, v in state_dict.items() if v is not None}
+  _check_keys(kind, family, arrays)  # (a None entry counts as missing)
   eps, momentum, dtype = options["eps"], options["momentum"], options["dtype"]
   weight, bias = arrays.get("weight"), arrays.get("bias")
   x64 = jax.config.read("jax_enable_x64")

@@ -30,7 +30,12 @@ from jax.nn import initializers
 
 from jaxnorm import functional as F
 from jaxnorm._axes import Axes, canonicalize_axes, kept_shape
-from jaxnorm.batch import batch_norm_step, counts_batches, running_stats_dtypes
+from jaxnorm.batch import (
+  batch_norm_step,
+  check_track_running_stats,
+  counts_batches,
+  running_stats_dtypes,
+)
 from jaxnorm.frozen import frozen_batch_norm
 from jaxnorm.renorm import batch_renorm_step
 
@@ -72,12 +77,8 @@ def _batch_norm_variables(module: Any, x: jax.Array) -> tuple[Any, ...]:
     module.param_dtype, x.dtype, module.dtype, module.force_float32_reductions
   )
   ra_mean = ra_var = None
-  if not getattr(module, "track_running_stats", True) and type(module) is not BatchNorm:
-    raise ValueError(
-      f"{type(module).__name__} needs running statistics: track_running_stats=False is "
-      f"for BatchNorm (batch statistics in every mode)."
-    )
-  if getattr(module, "track_running_stats", True):
+  track = getattr(module, "track_running_stats", True)  # (BatchRenorm has no such field)
+  if check_track_running_stats(type(module).__name__, track, type(module) is BatchNorm):
     ra_mean = module.variable("batch_stats", "mean", jnp.zeros, stats_shape, mean_dtype)
     ra_var = module.variable("batch_stats", "var", jnp.ones, stats_shape, var_dtype)
   scale, bias = _affine_params(module, tuple(x.shape[a] for a in feat), module.use_bias)
@@ -206,7 +207,7 @@ class BatchNorm(nn.BatchNorm):
       unbiased_running_var=self.unbiased_running_var,
       num_batches_tracked=None if tracked is None else tracked.value,
     )
-    if updated is not None and ra_mean is not None and ra_var is not None:
+    if updated is not None:  # (None without running statistics)
       ra_mean.value, ra_var.value = updated[:2]
       if tracked is not None:
         tracked.value = updated[2]

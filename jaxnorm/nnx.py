@@ -42,7 +42,12 @@ from jax.nn import initializers
 
 from jaxnorm import functional as F
 from jaxnorm._axes import Axes, canonicalize_axes, kept_shape
-from jaxnorm.batch import batch_norm_step, counts_batches, running_stats_dtypes
+from jaxnorm.batch import (
+  batch_norm_step,
+  check_track_running_stats,
+  counts_batches,
+  running_stats_dtypes,
+)
 from jaxnorm.frozen import batch_norm_labels, frozen_batch_norm
 from jaxnorm.renorm import batch_renorm_step, check_renorm_schedule
 
@@ -183,14 +188,9 @@ class BatchNorm(nnx.BatchNorm):
   ):
     shape = (num_features,) if stats_shape is None else tuple(stats_shape)
     mean_dtype, var_dtype = running_stats_dtypes(param_dtype, jnp.float32, dtype)
-    if track_running_stats:
+    if check_track_running_stats(type(self).__name__, track_running_stats, type(self) is BatchNorm):
       self.mean = nnx.BatchStat(jnp.zeros(shape, mean_dtype))
       self.var = nnx.BatchStat(jnp.ones(shape, var_dtype))
-    elif type(self) is not BatchNorm:
-      raise ValueError(
-        f"{type(self).__name__} needs running statistics: track_running_stats=False is "
-        f"for BatchNorm (batch statistics in every mode)."
-      )
     else:
       none: Any = None  # (declared as data, not as a static attribute)
       self.mean = self.var = nnx.data(none)
@@ -267,7 +267,7 @@ class BatchNorm(nnx.BatchNorm):
 
   def _store(self, updated):
     """Writes a training step's new running statistics (None: nothing to write)."""
-    if updated is None or self.mean is None:
+    if updated is None:  # (always, without running statistics)
       return
     # The running averages are not trained: no gradient flows into them (as flax.nnx).
     mean, var = jax.lax.stop_gradient(updated[:2])

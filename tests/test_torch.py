@@ -166,15 +166,10 @@ def _module(kind, state_dict, **attributes):
     buffers=lambda self: [],
     named_modules=lambda self: [],
   )
-  return (
-    type(kind, (), methods)() if not attributes else _with(type(kind, (), methods)(), attributes)
-  )
-
-
-def _with(obj, attributes):
-  for k, v in attributes.items():
-    setattr(obj, k, v)
-  return obj
+  module = type(kind, (), methods)()
+  for name, value in attributes.items():
+    setattr(module, name, value)
+  return module
 
 
 @pytest.mark.parametrize(
@@ -259,6 +254,7 @@ def _without(name, key):
     ("BatchNorm2d", _without("bn2d", "running_var"), {}, "has 'running_mean' but no 'running_var'"),
     ("BatchNorm2d", _without("bn2d", "running_mean"), {}, "has 'running_var' but no"),
     ("BatchNorm2d", _without("bn2d", "bias"), {}, "has 'weight' but no 'bias'"),
+    ("BatchNorm2d", {**_case("bn2d", "init"), "bias": None}, {}, "has 'weight' but no 'bias'"),
     ("GroupNorm", _without("gn", "weight"), dict(num_groups=2), "has 'bias' but no 'weight'"),
     ("BatchNorm2d", {**_case("bn2d", "init"), "conv.weight": np.ones(3)}, {},
      r"unexpected entries \['conv.weight'\]"),

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-from port_resnet18 import torch_state_dict  # noqa: E402
+from port_resnet18 import STAGES, torch_state_dict  # noqa: E402
 
 
 class BasicBlock(nn.Module):
@@ -50,7 +50,7 @@ class ResNet18(nn.Module):
     self.relu = nn.ReLU()
     self.maxpool = nn.MaxPool2d(3, 2, 1)
     cin = 64
-    for i, cout in enumerate((64, 128, 256, 512), start=1):
+    for i, cout in enumerate(STAGES, start=1):
       stride = 1 if i == 1 else 2
       setattr(self, f"layer{i}", nn.Sequential(BasicBlock(cin, cout, stride),
                                                BasicBlock(cout, cout, 1)))  # fmt: skip
