@@ -311,6 +311,12 @@ class BatchRenorm(BatchNorm):
         "BatchRenorm does not take virtual_batch_size (its r and d compare the whole "
         "batch with the running statistics); use BatchNorm(virtual_batch_size=...)."
       )
+    if kwargs.get("unbiased_running_var"):
+      raise ValueError(
+        "BatchRenorm does not take unbiased_running_var (PyTorch's convention belongs to "
+        "BatchNorm; Batch Renorm's running statistics are the biased moving averages of its "
+        "paper); use BatchNorm(unbiased_running_var=True)."
+      )
     super().__init__(num_features, **kwargs)
     check_renorm_schedule(r_max, d_max, warmup_steps, r_max_steps, d_max_steps)
     self.steps = nnx.BatchStat(jnp.zeros((), jnp.int32))

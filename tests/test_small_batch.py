@@ -96,6 +96,8 @@ def test_schedule_errors():
     jnnx.BatchRenorm(2, warmup_steps=10, r_max_steps=5, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="virtual_batch_size"):
     jnnx.BatchRenorm(2, virtual_batch_size=2, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="unbiased_running_var"):
+    jnnx.BatchRenorm(2, unbiased_running_var=True, rngs=nnx.Rngs(0))
   with pytest.raises(TypeError, match="complex"):
     jaxnorm.batch_renorm(jnp.ones((4, 2), jnp.complex64), mean=jnp.zeros(2), var=jnp.ones(2))
 
