@@ -18,13 +18,13 @@ across devices the rule sums ``Σ(x − μ)·ẋ`` instead of ``Sₓ − μ·S�
 it keeps the plain sums, whose cancellation costs gradients of far off-centre data
 (|μ|/σ ≈ 1e4) about 1e-4 relative error — the forward output stays exact.
 
-How XLA:CPU compiles this decides the traffic, so three details are deliberate (each was
-measured with ``benchmarks/bench_norms.py``): every reduction runs on a merged view of
-``x`` (:class:`_View`) while the output runs on ``x``'s shape, so that no broadcast is
-shared between a reduction and the output; the small per-group factors pass through a
-select (:func:`_barrier`), so that a reduction is not fused together with the output; and
-products are ordered so that no full-size product is shared by two reductions. Together:
-forward+backward bytes accessed 0.59–0.84× Flax's, with no full-size temporaries.
+How XLA:CPU compiles this decides the traffic, so three details are deliberate: every
+reduction runs on a merged view of ``x`` (:class:`_View`), the small per-group factors
+pass through a select (:func:`_barrier`), and products are ordered so that no full-size
+product is shared by two reductions (``benchmarks/RESULTS.md``, items 12–14).
+
+Everything static about a call is one :class:`~jaxnorm._config.Config`, built by the
+public function that was called; ε and the mask are operands.
 """
 
 from __future__ import annotations
@@ -37,30 +37,21 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxnorm._axes import broadcast_shape
+from jaxnorm._config import Config
+from jaxnorm._dtypes import accumulation_dtype, real_dtype, to_dtype
 from jaxnorm._stats import (
   Moments,
+  Variance,
   apart,
   barrier_on_cpu,
   broadcast_mask,
   concrete_value,
-  freeze_groups,
   group_moments,
   group_sum,
   psum,
-  real_dtype,
   shifts,
 )
-
-
-class _Config(NamedTuple):
-  axes: tuple[int, ...]
-  center: bool
-  epsilon_in_root: bool
-  axis_name: Any
-  axis_index_groups: Any
-  channel_groups: tuple[int, int] | None = None
-  dtype: Any = None  # the statistics' dtype, which x is converted to inside the kernel
-  out_dtype: Any = None  # the output's dtype
 
 
 def check_epsilon(epsilon: Any) -> Any:
@@ -87,6 +78,28 @@ def check_epsilon(epsilon: Any) -> Any:
   return eps
 
 
+def affine_params(
+  scale: Any, bias: Any, x_shape: tuple[int, ...], cfg: Config
+) -> tuple[jax.Array | None, jax.Array | None]:
+  """``(γ, β)`` checked against the feature shape of an ``x_shape`` input (one value per
+  feature along ``cfg.features``), in ``cfg.dtype`` (real ones in its real dtype), shaped
+  to broadcast against ``x``; None stays None."""
+  want = tuple(x_shape[a] for a in cfg.features)
+  out = []
+  for name, value in (("scale", scale), ("bias", bias)):
+    if value is not None:
+      value = jnp.asarray(value)
+      if value.shape != want:
+        raise ValueError(
+          f"{name} has shape {value.shape}, but an input of shape {tuple(x_shape)} has "
+          f"features of shape {want} along feature axes {cfg.features}; pass a {name} of "
+          f"shape {want} (one value per feature) or change the feature axes."
+        )
+      value = to_dtype(value.reshape(broadcast_shape(x_shape, cfg.features)), cfg.dtype)
+    out.append(value)
+  return out[0], out[1]
+
+
 def inverse_std(var: jax.Array, epsilon: Any, epsilon_in_root: bool = True) -> jax.Array:
   """``1/sqrt(var + ε)``, or ``1/(sqrt(var) + ε)`` with ``epsilon_in_root=False``."""
   if epsilon_in_root:
@@ -99,26 +112,22 @@ def _inverse_std_tangent(r, depsilon, epsilon_in_root):
   return -0.5 * r * r * r * depsilon if epsilon_in_root else -r * r * depsilon
 
 
-def _accumulation_dtype(dtype):
-  """At least float32 (complex and float64 unchanged): the dtype of the derivative's sums."""
-  return jnp.promote_types(dtype, jnp.float32)
-
-
 class _View(NamedTuple):
   """The statistics' view of ``x``: runs of adjacent axes that are all reduced or all kept
   (and along which the parameters and the mask are all full or all 1) merged into one.
 
   Every reduction (statistics and derivative) runs on this view; the elementwise output runs
-  on ``x``'s own shape. On XLA:CPU this matters: a broadcast of ``γ``, ``μ`` or ``r`` used
-  both by a reduction and by the output is one instruction there, which the reduction
-  library fusion (YNNPACK) cannot take in and so writes out at full size. On the merged view
-  each reduction has broadcasts of its own (measured: RMSNorm forward+backward at
-  (16, 512, 768) went from 17|x| to 10|x| bytes accessed, 0.5× the time).
+  on ``x``'s own shape, so that no broadcast is shared between a reduction and the output
+  (``benchmarks/RESULTS.md``, item 12).
   """
 
   groups: tuple[tuple[int, ...], ...]  # x's axes merged into each view axis
   axes: tuple[int, ...]  # reduced view axes
   channel_groups: tuple[int, int] | None
+
+  def config(self, cfg: Config) -> Config:
+    """``cfg`` for the view: its reduced axes and channel groups."""
+    return cfg._replace(axes=self.axes, channel_groups=self.channel_groups)
 
   def __call__(self, a):
     """``a`` (of ``x``'s rank, dims 1 or full) reshaped onto the view."""
@@ -152,33 +161,21 @@ def _view(shape, axes, channel_groups, *operands):
 
 
 def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
-  """The output, the statistics and ``r``. Undifferentiated, the statistics come from
-  ``Σx ∥ Σx²`` with a conditioning check and an exact fallback (``_checked_moments``:
-  the fastest forward on XLA:CPU, whose reductions with a broadcast operand run slower);
-  under differentiation from shifted sums (``_shifted_moments``: no ``lax.cond``, whose
-  untaken branch XLA counts as 4|x| of traffic). Both are accurate for any offset."""
+  """The output, the statistics and ``r``. The variance: undifferentiated, ``Σx ∥ Σx²``
+  checked (the fastest forward on XLA:CPU), or two passes over short trailing rows;
+  under differentiation shifted sums (no ``lax.cond``, whose untaken branch XLA counts as
+  traffic): ``benchmarks/RESULTS.md``, items 4, 9 and 11. All are accurate for any offset."""
   v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias)
-  shift: Any = "checked"  # or the shifts, or None (see group_moments)
+  variance, shift = Variance.CHECKED, None
   rows = v.axes == (len(v.groups) - 1,) and cfg.channel_groups is None
   if not differentiated and rows and mask is None and cfg.axis_name is None:
     v = _View(tuple((i,) for i in range(x.ndim)), cfg.axes, None)
-    shift = None
+    variance = Variance.TWO_PASS
   elif differentiated:
-    # The shifts are sliced from x itself, not from its view: XLA:CPU then reads them once
-    # instead of fusing the slice into every small consumer (measured 2|x| less traffic).
-    shift = shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups)
+    # Sliced from x itself, not from its view: XLA:CPU then reads them once (item 11).
+    variance, shift = Variance.SHIFTED, shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups)
     shift = None if shift is None else tuple(map(v, shift))
-  stats = group_moments(
-    v(x),
-    v.axes,
-    cfg.center,
-    v(mask),
-    cfg.axis_name,
-    cfg.axis_index_groups,
-    v.channel_groups,
-    shift,
-    cfg.dtype,
-  )
+  stats = group_moments(v(x), v(mask), v.config(cfg), variance, shift)
   x = x.astype(cfg.dtype)
   kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))
   stats = Moments(*(s.reshape(kept) for s in stats))
@@ -199,10 +196,9 @@ def _affine_normalize(x, scale, bias, mask, epsilon, cfg):
 
 
 def _barrier(r, a):
-  """``a`` unchanged (``r`` is finite or NaN alike). A select on the small per-group
-  factors, which the reduction library fusion does not take in: it keeps XLA:CPU from
-  fusing a derivative's reduction together with the elementwise output, which would write
-  out the output's broadcast operands at full size (measured 14|x| → 10|x|, 0.7× the time)."""
+  """``a`` unchanged (``r`` is finite or NaN alike): a select on the small per-group
+  factors that keeps XLA:CPU from fusing a derivative's reduction with the elementwise
+  output (``benchmarks/RESULTS.md``, item 13)."""
   return jnp.where(r == r, a, 0)
 
 
@@ -215,7 +211,7 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias)
   # Products with per-group or per-feature tangents run in at least float32: reverse mode
   # transposes their broadcasts into sums over x, which overflow float16 past 65,504 terms.
-  acc = _accumulation_dtype(cfg.dtype)
+  acc = accumulation_dtype(cfg.dtype)
   xv, dxv, rv = v(x).astype(acc), v(dx), v(r)
   meanv, inv_n = v(mean), 1.0 / jnp.maximum(v(count), 1)
   valid = None if mask is None else v(broadcast_mask(mask, x.shape))
@@ -281,57 +277,32 @@ def _affine_normalize_jvp(cfg, primals, tangents):
 
 def affine_normalize(
   x: jax.Array,
-  axes: tuple[int, ...],
-  scale: jax.Array | None = None,
-  bias: jax.Array | None = None,
+  scale: jax.Array | None,
+  bias: jax.Array | None,
+  cfg: Config,
   *,
-  center: bool = True,
-  epsilon: float = 1e-5,
-  epsilon_in_root: bool = True,
+  epsilon: Any,
   mask: jax.Array | None = None,
-  axis_name: Any = None,
-  axis_index_groups: Any = None,
-  channel_groups: tuple[int, int] | None = None,
-  dtype: Any = None,
-  out_dtype: Any = None,
 ) -> tuple[jax.Array, Moments]:
-  """Normalizes ``x`` over ``axes`` in ``dtype`` and applies ``γ, β``.
+  """Normalizes ``x`` over ``cfg.axes`` with its own statistics and applies ``γ, β``.
 
   Args:
-    x: the input. Complex inputs (or parameters) take the exact two-pass statistics and
-      JAX's own derivative.
-    axes: sorted non-negative axes to reduce over.
-    scale: optional ``γ``, broadcastable to ``x`` (size 1 on the non-feature axes).
-    bias: optional ``β``, broadcastable to ``x``.
-    center: subtract the mean (False: RMS normalization, ``x / sqrt(mean(x²) + ε)``).
+    x: the input, in any dtype (converted to ``cfg.dtype`` inside). Complex inputs (or
+      parameters) take the exact two-pass statistics and JAX's own derivative.
+    scale: optional ``γ`` in ``cfg.dtype``, broadcastable to ``x`` (:func:`affine_params`).
+    bias: optional ``β``, the same.
+    cfg: the normalization (axes, centring, ε's place, channel groups, devices, dtypes).
     epsilon: the constant (>= 0) added to the variance (or, with
-      ``epsilon_in_root=False``, to the standard deviation).
-    epsilon_in_root: ``1/sqrt(var + ε)`` if True, ``1/(sqrt(var) + ε)`` if False.
+      ``epsilon_in_root=False``, to the standard deviation); traced values work.
     mask: optional boolean mask broadcastable to ``x``; statistics use its True positions,
       every position is normalized, and groups without a valid element give ``x̂ = 0``.
-    axis_name: optional mapped axis to combine statistics across (count-weighted).
-    axis_index_groups: optional index groups along ``axis_name``.
-    channel_groups: ``(axis, G)``: also reduce over each of ``G`` contiguous groups of
-      channels along ``axis`` (GroupNorm), which must not be in ``axes``.
 
   Returns:
-    ``(y, Moments)`` with the moments' reduced dimensions kept (size 1); with
-    ``channel_groups`` each group's statistics are repeated on its channels.
+    ``(y, Moments)`` with ``y`` in ``cfg.out_dtype`` and the moments' reduced dimensions
+    kept (size 1); with channel groups each group's statistics are repeated on its channels.
   """
-  cfg = _Config(
-    tuple(axes),
-    bool(center),
-    bool(epsilon_in_root),
-    axis_name,
-    freeze_groups(axis_index_groups),
-    None if channel_groups is None else (int(channel_groups[0]), int(channel_groups[1])),
-    dtype := jnp.dtype(x.dtype if dtype is None else dtype),
-    jnp.dtype(dtype if out_dtype is None else out_dtype),
-  )
   if mask is not None:
     mask = broadcast_mask(mask, x.shape)
-  # ε is an operand, not part of the compiled configuration: a traced ε works, and a new
-  # value does not compile the kernel again.
   eps = jnp.asarray(check_epsilon(epsilon), real_dtype(cfg.dtype))
   if jnp.issubdtype(cfg.dtype, jnp.complexfloating) or any(
     jnp.iscomplexobj(a) for a in (x, scale, bias)
@@ -355,29 +326,31 @@ _compiled_affine_normalize = jax.jit(_affine_normalize, static_argnums=(5,))
 _compiled_complex_normalize = jax.jit(_complex_normalize, static_argnums=(5,))
 
 
-def apply_moments(
+def apply_statistics(
   x: jax.Array,
+  scale: jax.Array | None,
+  bias: jax.Array | None,
   mean: jax.Array,
   var: jax.Array,
-  scale: jax.Array | None = None,
-  bias: jax.Array | None = None,
+  cfg: Config,
   *,
-  epsilon: float,
-  epsilon_in_root: bool = True,
+  epsilon: Any,
 ) -> jax.Array:
-  """``γ·(x − mean)/sqrt(var + ε) + β`` with given statistics (BatchNorm inference).
+  """``γ·(x − mean)/sqrt(var + ε) + β`` with given statistics (BatchNorm inference, the
+  only inference path), in ``cfg.dtype``, returned in ``cfg.out_dtype``.
 
-  All arguments are already broadcastable to ``x``. The per-feature factor ``s = γ·r`` is
-  formed at the small shape first, so the derivative w.r.t. ``γ`` sums ``dy·(x − mean)``
-  with one factor ``r`` instead of materializing ``x̂`` (measured 1.2–1.6× faster
-  forward+backward), and that sum runs on the merged view of ``x`` (see :class:`_View`),
-  so that ``x − mean`` is not written out for it (9|x| → 7|x| bytes accessed).
+  ``mean``, ``var`` and the parameters are broadcastable to ``x``. The per-feature factor
+  ``s = γ·r`` is formed at the small shape first and the ``γ``-derivative sums on the
+  merged view of ``x`` (``benchmarks/RESULTS.md``, items 8 and 15).
   """
-  r = inverse_std(var, check_epsilon(epsilon), epsilon_in_root)
+  r = inverse_std(var, check_epsilon(epsilon), cfg.epsilon_in_root)
   s = r if scale is None else r * scale
   shape = jnp.broadcast_shapes(jnp.shape(s), jnp.shape(mean))
   shape = (1,) * (x.ndim - len(shape)) + shape
-  return _shift_scale(x, jnp.broadcast_to(mean, shape), jnp.broadcast_to(s, shape), bias)
+  y = _shift_scale(
+    x.astype(cfg.dtype), jnp.broadcast_to(mean, shape), jnp.broadcast_to(s, shape), bias
+  )
+  return y.astype(cfg.out_dtype)
 
 
 @jax.custom_jvp
@@ -394,7 +367,7 @@ def _shift_scale_jvp(primals, tangents):
   y = _shift_scale(x, mean, s, bias)
   axes = tuple(i for i in range(x.ndim) if s.shape[i] == 1)
   v = _view(x.shape, axes, None, s)
-  acc = _accumulation_dtype(x.dtype)  # (half precision: see _affine_normalize_jvp)
+  acc = accumulation_dtype(x.dtype)  # (half precision: see _affine_normalize_jvp)
   dy = (dx - dmean.astype(acc)) * s + ((v(x) - v(mean)) * v(ds).astype(acc)).reshape(x.shape)
   if bias is not None:
     dy = dy + dbias.astype(acc)

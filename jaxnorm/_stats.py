@@ -11,6 +11,7 @@ statistics are weighted by each device's valid count.
 
 from __future__ import annotations
 
+import enum
 import math
 from typing import Any, NamedTuple
 
@@ -20,6 +21,8 @@ import numpy as np
 from jax import lax
 
 from jaxnorm._axes import Axes, canonicalize_axes
+from jaxnorm._config import Config, freeze_groups
+from jaxnorm._dtypes import count_dtype, real_dtype, reduction_dtype
 
 
 class Moments(NamedTuple):
@@ -39,51 +42,6 @@ class Moments(NamedTuple):
   count: jax.Array  # type: ignore[assignment]  # (a field named like tuple.count, on purpose)
 
 
-def reduction_dtype(x_dtype: Any, dtype: Any = None, force_float32: bool = True) -> np.dtype:
-  """Returns the dtype in which statistics are computed.
-
-  It is ``dtype`` if given, else ``x_dtype``; promoted to at least float32 when
-  ``force_float32`` (so half-precision inputs get float32 statistics while float64 and
-  complex stay as they are); and always inexact (integer inputs give float32). Complex
-  inputs keep a complex dtype (the mean is complex, the variance real).
-
-  Raises:
-    TypeError: for a complex input with a real ``dtype``, which would discard the
-      imaginary part.
-
-  >>> reduction_dtype(jnp.bfloat16)
-  dtype('float32')
-  >>> reduction_dtype(jnp.complex64)
-  dtype('complex64')
-  """
-  dt = jnp.dtype(x_dtype if dtype is None else dtype)
-  if jnp.issubdtype(jnp.dtype(x_dtype), jnp.complexfloating) and not jnp.issubdtype(
-    dt, jnp.complexfloating
-  ):
-    raise TypeError(
-      f"dtype={jnp.dtype(dt)} would discard the imaginary part of a {jnp.dtype(x_dtype)} "
-      f"input; pass a complex dtype (e.g. dtype=jnp.complex64), or dtype=None to keep "
-      f"the input's."
-    )
-  if force_float32 or not jnp.issubdtype(dt, jnp.inexact):
-    dt = jnp.promote_types(dt, jnp.float32)
-  return jnp.dtype(dt)
-
-
-def real_dtype(dtype: Any) -> np.dtype:
-  """The real dtype of the same precision (``complex64`` → ``float32``; reals unchanged)."""
-  dtype = jnp.dtype(dtype)
-  if jnp.issubdtype(dtype, jnp.complexfloating):
-    return jnp.dtype(jnp.finfo(dtype).dtype)
-  return dtype
-
-
-def count_dtype(dtype: Any) -> np.dtype:
-  """The dtype of counts, ``1/n`` and sums: real, and at least float32 whatever the
-  statistics' dtype (float16 cannot hold a count above 65,504, bfloat16 rounds 257 to 256)."""
-  return jnp.dtype(jnp.promote_types(real_dtype(dtype), jnp.float32))
-
-
 def abs_sq(z: jax.Array) -> jax.Array:
   """``|z|²``, real: ``z·z`` for real ``z``, ``re(z)² + im(z)²`` for complex."""
   if jnp.iscomplexobj(z):
@@ -96,13 +54,6 @@ def psum(value: Any, axis_name: Any, axis_index_groups: Any = None) -> Any:
   if axis_name is None:
     return value
   return lax.psum(value, axis_name, axis_index_groups=axis_index_groups)
-
-
-def freeze_groups(axis_index_groups: Any) -> tuple[tuple[int, ...], ...] | None:
-  """``axis_index_groups`` as a tuple of tuples (hashable, so it can be a static argument)."""
-  if axis_index_groups is None:
-    return None
-  return tuple(tuple(int(i) for i in group) for group in axis_index_groups)
 
 
 def broadcast_mask(mask: Any, shape: tuple[int, ...]) -> jax.Array:
@@ -125,9 +76,8 @@ def group_sum(
   each of ``G`` contiguous groups of channels along ``axis``, the group's sum repeated on
   each of its channels.
 
-  The channel grouping is done on the small partial sums, never on ``z`` itself: reshaping
-  the input to ``(..., G, C/G)`` makes XLA:CPU reduce over a strided minor axis, measured
-  11× slower for GroupNorm's statistics at (32, 32, 32, 64).
+  The channels are grouped on the small partial sums, never on ``z`` itself
+  (``benchmarks/RESULTS.md``, item 7).
   """
   s = jnp.sum(z, axes, keepdims=True, dtype=dtype)
   if groups is None:
@@ -180,16 +130,9 @@ def shifts(x, axes, groups=None):
 
 def apart(raw, dtype):
   """``(x, −x, −1)``: ``raw`` converted to ``dtype``, as two expressions that XLA:CPU keeps
-  apart; ``(x, x, 1)`` when there is nothing to convert.
-
-  On XLA:CPU a reduction library fusion (YNNPACK) takes in no producer that has another
-  user, so one converted copy of a half-precision input shared by two reductions is written
-  out at full size in float32 (measured: bfloat16 BatchNorm forward 16|x| bytes, 1.1–1.8×
-  Flax's time). Converting ``raw`` and ``−raw`` (exact in any float format) behind
-  optimization barriers gives each reduction its own read of the half-precision input
-  (6|x|, 0.5–1.0×); the barriers sit on the input itself, so nothing is copied. On other
-  platforms (``lax.platform_dependent``) the barriers are left out: there they would write
-  ``−raw`` out (measured on an H100: bfloat16 BatchNorm forward 1.2–1.3× Flax's time)."""
+  apart; ``(x, x, 1)`` when there is nothing to convert. Each reduction then reads the
+  half-precision input itself instead of a float32 copy written out for both (behind
+  optimization barriers on the CPU only: ``benchmarks/RESULTS.md``, items 20 and 21)."""
   if not jnp.issubdtype(raw.dtype, jnp.floating):
     # Integers and bools: negation is not exact (uint8 −10 wraps to 246, bool has none),
     # so convert first; they are not half precision, there is nothing to keep apart.
@@ -213,15 +156,12 @@ def _checked_moments(raw, dtype, axes, inv_n, groups=None):
   """Mean and centred variance, from one parallel pass of ``Σx`` and ``Σx²`` when that is
   exact enough, else from a second, corrected pass over ``x − mean``.
 
-  ``E[x²] − E[x]²`` loses about ``eps·mean²/var`` of relative precision (float32: 2.5e-7
-  per unit of ``mean²/var``, measured). When every group has ``mean² ≤ limit·var`` with
-  ``limit = 2e-6/eps`` (about 17 in float32), its relative error stays under ~5e-6 and it is
-  used as is; otherwise (offset data, constant groups) ``lax.cond`` runs the corrected
-  two-pass algorithm (Chan, Golub & LeVeque 1983): with ``d = x − mean``,
-  ``mean += mean(d)`` and ``var = mean(d²) − mean(d)²``, exact to rounding. Ordinary data
-  thus costs what Flax's fast variance costs, and ill-conditioned data gets the accurate
-  answer. ``raw`` is ``x`` before its conversion to ``dtype``: the fallback takes it as its
-  operand, so that a converted half-precision input is not written out for it.
+  ``E[x²] − E[x]²`` loses about ``eps·mean²/var`` of relative precision. When every group
+  has ``mean² ≤ limit·var`` with ``limit = 2e-6/eps`` (about 17 in float32), its relative
+  error stays under ~5e-6 and it is used as is; otherwise ``lax.cond`` runs the corrected
+  two-pass algorithm (Chan, Golub & LeVeque 1983): with ``d = x − mean``, ``mean +=
+  mean(d)`` and ``var = mean(d²) − mean(d)²``. ``raw`` is ``x`` before its conversion to
+  ``dtype``, the fallback's operand (``benchmarks/RESULTS.md``, item 4).
   """
   x, other, _ = apart(raw, dtype)
   mean = group_sum(x, axes, groups) * inv_n
@@ -252,10 +192,8 @@ def _shifted_moments(x, axes, inv_n, groups, shifts):
   ``(mean − b)²/var ≤ n`` (an element lies within ``sqrt(n)`` standard deviations of the
   mean), typically ~1, instead of ``mean²/var`` for ``E[x²] − E[x]²`` (Flax's fast
   variance), which is unbounded. Two different shifts keep the two sums separate
-  expressions, each fused into its own read of ``x``. A plain ``Σx`` instead of ``s₁``
-  measured ~10 % faster forward but 0.39 off at mean 1e6 (its rounding, ~eps·|Σx|, enters
-  the variance); rejected. With ``shifts=None`` (a sharded reduced axis) it is the exact
-  two-pass formula, also used for complex inputs (variance ``E|x − μ|²``) and empty ones.
+  expressions, each fused into its own read of ``x`` (``benchmarks/RESULTS.md``, item 11).
+  With ``shifts=None`` it is the exact two-pass formula (complex ``E|x − μ|²`` included).
   """
   if shifts is None:  # a sharded reduced axis, an empty or complex input: two passes
     mean = group_sum(x, axes, groups) * inv_n
@@ -314,29 +252,42 @@ def _combine_devices(count, mean, m2, axis_name, axis_index_groups):
   return mean, m2 / safe, total
 
 
-def group_moments(
-  x, axes, center, mask, axis_name, axis_index_groups, groups=None, shifts="checked", dtype=None
-):
-  """Moments of ``x``, converted to ``dtype`` here, with the reduced dims kept; with
-  ``groups = (axis, G)``, also over groups of channels (see :func:`group_sum`).
+class Variance(enum.Enum):
+  """How the centred variance of one device's unmasked data is computed; each is accurate
+  for any offset of the data (masks, devices, complex and empty inputs take the two-pass
+  formula whatever is asked)."""
 
-  The variance is always centred-accurate: on one device without a mask it comes from
-  :func:`_checked_moments` (``shifts="checked"``) or :func:`_shifted_moments` (``shifts``
-  from :func:`shifts`, or None for the two-pass formula); with a mask, for complex or empty
-  inputs from the two-pass formula (:func:`_two_pass`); across devices from each device's
-  two-pass statistics combined in one collective (:func:`_combine_devices`). Counts,
-  ``1/n`` and every sum are in at least float32 (:func:`count_dtype`); the mean comes back
-  in ``dtype`` (default: ``x``'s), the variance in its real dtype, the count in the count
-  dtype.
+  CHECKED = enum.auto()  # Σx ∥ Σx², a conditioning check, an exact fallback (forward)
+  SHIFTED = enum.auto()  # sums shifted by elements of each group (under differentiation)
+  TWO_PASS = enum.auto()  # the mean, then Σ|x − μ|²
+
+
+def group_moments(
+  x: jax.Array,
+  mask: jax.Array | None,
+  cfg: Config,
+  variance: Variance = Variance.TWO_PASS,
+  shift: tuple[jax.Array, jax.Array] | None = None,
+) -> Moments:
+  """Moments of ``x`` over ``cfg.axes`` (and ``cfg.channel_groups``, see
+  :func:`group_sum`), in ``cfg.dtype``, with the reduced dims kept.
+
+  On one device without a mask the centred variance comes from ``variance``
+  (:class:`Variance`; ``SHIFTED`` takes the two elements ``shift`` from :func:`shifts`,
+  the two-pass formula when they are None); with a mask, for complex or empty inputs from
+  the two-pass formula (:func:`_two_pass`); across devices from each device's two-pass
+  statistics combined in one collective (:func:`_combine_devices`). Counts, ``1/n`` and
+  every sum are in at least float32; the variance comes back in the real dtype, the count
+  in the count dtype.
   """
-  out_dtype = jnp.dtype(x.dtype if dtype is None else dtype)
+  axes, groups, out_dtype = cfg.axes, cfg.channel_groups, jnp.dtype(cfg.dtype)
   raw = x
   # Half precision (force_float32_reductions=False) is summed in float32 and rounded at the
   # end, as jnp.mean does: a float16 sum of more than 65,504 ones overflows.
   x = x.astype(jnp.promote_types(out_dtype, jnp.float32))
   cdt = count_dtype(x.dtype)
   if jnp.iscomplexobj(x) or x.size == 0:
-    shifts = None
+    variance = Variance.TWO_PASS
   valid = None if mask is None else broadcast_mask(mask, x.shape)
   if valid is None:
     per_group = 1 if groups is None else x.shape[groups[0]] // groups[1]
@@ -349,16 +300,18 @@ def group_moments(
   def result(mean, var, count):
     return Moments(mean.astype(out_dtype), var.astype(real_dtype(out_dtype)), count)
 
-  if valid is None and center and axis_name is None:
-    if isinstance(shifts, str):  # the undifferentiated forward: see _checked_moments
+  if valid is None and cfg.center and cfg.axis_name is None:
+    if variance is Variance.CHECKED:
       mean, var = _checked_moments(raw, x.dtype, axes, inv_n, groups)
     else:
-      mean, var = _shifted_moments(x, axes, inv_n, groups, shifts)
+      mean, var = _shifted_moments(
+        x, axes, inv_n, groups, shift if variance is Variance.SHIFTED else None
+      )
     return result(mean, var, count)
-  mean, m2 = _two_pass(x, axes, groups, center, valid, inv_n)
-  if axis_name is None:
+  mean, m2 = _two_pass(x, axes, groups, cfg.center, valid, inv_n)
+  if cfg.axis_name is None:
     return result(mean, m2 * inv_n, count)
-  return result(*_combine_devices(count, mean, m2, axis_name, axis_index_groups))
+  return result(*_combine_devices(count, mean, m2, cfg.axis_name, cfg.axis_index_groups))
 
 
 def moments(
@@ -405,8 +358,11 @@ def moments(
   """
   x = jnp.asarray(x)
   axes = canonicalize_axes(axes, x.ndim)
-  x = x.astype(reduction_dtype(x.dtype, dtype, force_float32_reductions))
-  stats = group_moments(x, axes, center, mask, axis_name, axis_index_groups, shifts=shifts(x, axes))
+  cdt = reduction_dtype(x.dtype, dtype, force_float32_reductions)
+  groups = freeze_groups(axis_index_groups)
+  cfg = Config(axes, (), center, axis_name=axis_name, axis_index_groups=groups, dtype=cdt)
+  x = x.astype(cdt)
+  stats = group_moments(x, mask, cfg, Variance.SHIFTED, shifts(x, axes))
   if keepdims:
     return stats
   return Moments(*(jnp.squeeze(s, axes) for s in stats))
@@ -434,6 +390,13 @@ def check_momentum(momentum: Any) -> None:
       f"momentum must lie in [0, 1] (the weight kept by the running average), got "
       f"{momentum!r}; PyTorch's momentum m corresponds to 1 - m here (its 0.1 is 0.9)."
     )
+
+
+def unbiased_variance(stats: Moments) -> Moments:
+  """``stats`` with the unbiased variance ``n/(n − 1)·var`` (``n``: the valid count;
+  ``n ≤ 1`` keeps ``var``), PyTorch's running-variance convention, applied here only."""
+  n = stats.count.astype(stats.var.dtype)
+  return stats._replace(var=stats.var * (n / jnp.maximum(n - 1, 1)))
 
 
 def update_running_average(
@@ -493,8 +456,7 @@ def update_running_average(
     decay = momentum
   check_momentum(decay)
   if unbiased:
-    n = batch.count.astype(batch.var.dtype)
-    batch = batch._replace(var=batch.var * (n / jnp.maximum(n - 1, 1)))
+    batch = unbiased_variance(batch)
   for name, ra, b in (("mean", running_mean, batch.mean), ("var", running_var, batch.var)):
     if jnp.shape(ra) != jnp.shape(b):
       raise ValueError(

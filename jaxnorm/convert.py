@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxnorm._stats import real_dtype
+from jaxnorm._dtypes import real_dtype
 
 __all__ = ["TorchNorm", "from_torch", "norms_from_state_dict", "torch_epsilon"]
 

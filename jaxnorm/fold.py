@@ -1,4 +1,5 @@
-"""Folding an inference-mode BatchNorm into the layer before it, for deployment.
+"""BatchNorm after training: folded into the layer before it for deployment, or frozen for
+fine-tuning (:func:`jaxnorm.freeze_batch_norm`).
 
 A BatchNorm at inference is an affine map per feature, ``y = h·s + (β − μ·s)`` with
 ``s = γ·rsqrt(var + ε)``; after a ``Dense`` or ``Conv`` (``h = x·W + b``) it folds into
@@ -7,6 +8,9 @@ the output features on their last axis (``Dense``: ``(in, out)``; ``Conv``:
 ``(*window, in/groups, out)``, grouped and depthwise ones too), so the same rule holds for
 all of them. The folded model is the same model without those norms and with a bias on the
 folded layers; it computes the same outputs to float32 rounding, with one pass less.
+
+Freezing keeps the norms and labels their parameters for an optimizer that leaves them
+alone, next to :func:`~jaxnorm.frozen_batch_norm` (which stops their gradients).
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import traverse_util
+from jax import lax
 
 from jaxnorm._kernel import check_epsilon
-from jaxnorm.frozen import scale_and_shift
 
 
 def fold_batch_norm(
@@ -62,7 +67,10 @@ def fold_batch_norm(
   gamma, beta = (
     None if k not in params else jnp.asarray(params[k], acc) for k in ("scale", "bias")
   )
-  s, shift = scale_and_shift(gamma, beta, mean.astype(acc), var.astype(acc), eps)
+  s = lax.rsqrt(var.astype(acc) + eps)
+  s = s if gamma is None else gamma * s
+  shift = -mean.astype(acc) * s
+  shift = shift if beta is None else beta + shift
   bias = shift if "bias" not in layer else jnp.asarray(layer["bias"], acc) * s + shift
   folded = kernel.astype(acc) * s.reshape((1,) * (kernel.ndim - 1) + (out,))
   return {"kernel": folded.astype(kernel.dtype), "bias": bias.astype(kernel.dtype)}
@@ -101,23 +109,27 @@ def fold_batch_norms(
   >>> sorted(fold_batch_norms(v, {"Dense_0": "BatchNorm_0"})["params"]["Dense_0"])
   ['bias', 'kernel']
   """
-  out = _copy(variables)  # new containers, the same arrays
+  flat = {c: traverse_util.flatten_dict(tree) for c, tree in variables.items()}
   for layer_path, norm_path in pairs.items():
     eps = _epsilon_of(epsilon, norm_path)
-    norm = {c: _pop(out[c], norm_path) for c in ("params", "batch_stats") if c in out}
-    if norm.get("batch_stats") is None:
-      if norm.get("params") is not None:
+    norm: dict[str, Any] = {
+      c: _pop(flat[c], norm_path) for c in ("params", "batch_stats") if c in flat
+    }
+    if not norm.get("batch_stats"):
+      if norm.get("params"):
         raise ValueError(
           f"the norm at {norm_path!r} has no running statistics (e.g. PyTorch's "
           f"track_running_stats=False): it normalizes with each batch's own statistics, "
           f"so it is not a fixed affine map and cannot be folded; keep it in the model."
         )
       raise ValueError(f"no BatchNorm statistics at {norm_path!r} in the variables.")
-    norm = {c: v for c, v in norm.items() if v is not None}
-    layer = _get(out["params"], layer_path)
-    layer.update(fold_batch_norm(layer, norm, epsilon=eps))
-  out = {c: _prune(tree) for c, tree in out.items()}
-  return {c: tree for c, tree in out.items() if tree != {}}
+    prefix = tuple(layer_path.split("/"))
+    layer = {k[-1]: v for k, v in flat["params"].items() if k[:-1] == prefix}
+    if not layer:
+      raise ValueError(f"no module {layer_path!r} with parameters in the variables.")
+    for name, value in fold_batch_norm(layer, norm, epsilon=eps).items():
+      flat["params"][(*prefix, name)] = value
+  return {c: traverse_util.unflatten_dict(tree) for c, tree in flat.items() if tree}
 
 
 def batch_norm_epsilons(model: nn.Module, *args: Any, **kwargs: Any) -> dict[str, float]:
@@ -161,29 +173,73 @@ def _epsilon_of(epsilon, norm_path):
   return value if kwargs is None else kwargs["epsilon"]
 
 
-def _copy(tree):
-  return {k: _copy(v) for k, v in tree.items()} if isinstance(tree, Mapping) else tree
+def _pop(flat, path):
+  """The entries directly under the module at ``path`` (``/``-separated), removed from the
+  flattened collection ``flat``, by leaf name."""
+  prefix = tuple(path.split("/"))
+  keys = [k for k in flat if k[:-1] == prefix]
+  return {k[-1]: flat.pop(k) for k in keys}
 
 
-def _prune(tree):
-  """``tree`` without the dicts that the removals left empty."""
-  if not isinstance(tree, Mapping):
-    return tree
-  pruned = {k: _prune(v) for k, v in tree.items()}
-  return {k: v for k, v in pruned.items() if not (isinstance(v, dict) and not v)}
+def freeze_batch_norm(variables: Any, frozen: str = "frozen", trainable: str = "trainable") -> Any:
+  """Labels of a model's ``params`` for an optimizer that leaves every BatchNorm alone.
+
+  A BatchNorm (of any kind: flax's, jaxnorm's BatchNorm, BatchRenorm, FrozenBatchNorm) is
+  found by its running statistics: wherever ``variables["batch_stats"]`` holds ``mean`` and
+  ``var``, the ``scale`` and ``bias`` at the same path in ``variables["params"]`` are
+  labelled ``frozen``, every other parameter ``trainable``. Use the labels with
+  ``optax.multi_transform({"trainable": tx, "frozen": optax.set_to_zero()}, labels)``: the
+  frozen parameters then get exactly zero updates, weight decay included. This is also the
+  way to freeze a model that keeps plain BatchNorm layers called with
+  ``use_running_average=True``; ``optax.masked(tx, mask)`` alone would not do (it passes the
+  gradients of masked-out leaves through unchanged).
+
+  Args:
+    variables: a Linen variables dict with ``params`` and ``batch_stats``.
+    frozen: the label of BatchNorm parameters.
+    trainable: the label of the others.
+
+  Returns:
+    A pytree of labels with the structure of ``variables["params"]``.
+
+  >>> labels = freeze_batch_norm({
+  ...   "params": {"conv": {"kernel": 0}, "bn": {"scale": 0, "bias": 0}},
+  ...   "batch_stats": {"bn": {"mean": 0, "var": 0}}})
+  >>> labels
+  {'bn': {'bias': 'frozen', 'scale': 'frozen'}, 'conv': {'kernel': 'trainable'}}
+  """
+  if "params" not in variables:
+    raise ValueError(
+      f"freeze_batch_norm takes a model's variables dict with 'params' and 'batch_stats' "
+      f"(what model.init returns), got one with keys {sorted(variables)}; for a flax.nnx "
+      f"model use jaxnorm.nnx.freeze_batch_norm(model)."
+    )
+  return batch_norm_labels(
+    variables.get("batch_stats", {}), variables["params"], frozen=frozen, trainable=trainable
+  )
 
 
-def _get(tree, path):
-  for name in path.split("/"):
-    if name not in tree:
-      raise ValueError(f"no module {path!r} in the variables (missing {name!r}).")
-    tree = tree[name]
-  return tree
+def batch_norm_labels(
+  stats: Any, params: Any, *, frozen: str, trainable: str, is_leaf: Any = None
+) -> Any:
+  """Labels of ``params``: ``frozen`` for the ``scale``/``bias`` beside a ``mean`` in
+  ``stats`` (the same path), ``trainable`` for the rest (``is_leaf`` as in ``jax.tree``)."""
+  norms = set()
+  for path, _ in jax.tree_util.tree_flatten_with_path(stats, is_leaf=is_leaf)[0]:
+    keys = tuple(_key(k) for k in path)
+    if keys and keys[-1] == "mean":
+      norms.add(keys[:-1])
+
+  def label(path, _):
+    keys = tuple(_key(k) for k in path)
+    return frozen if keys[:-1] in norms and keys[-1] in ("scale", "bias") else trainable
+
+  return jax.tree_util.tree_map_with_path(label, params, is_leaf=is_leaf)
 
 
-def _pop(tree, path):
-  *parents, last = path.split("/")
-  for name in parents:
-    tree = tree.get(name, {})
-  value = tree.pop(last, None) if isinstance(tree, dict) else None
-  return value
+def _key(entry):
+  """The name in one step of a pytree path (a dict key, an attribute, an index)."""
+  for attr in ("key", "name", "idx"):
+    if hasattr(entry, attr):
+      return getattr(entry, attr)
+  return str(entry)

@@ -5,9 +5,8 @@ in Flax's order with Flax's defaults, and ``isinstance``/``issubclass`` checks a
 Flax's classes hold; it has the same ``__call__`` signature and the same variable tree
 (``params``: ``scale``, ``bias``; ``batch_stats``: ``mean``, ``var``), so swapping
 ``nn.BatchNorm`` for ``jaxnorm.BatchNorm`` keeps a model's checkpoints and its results equal
-to float32 rounding. A module only creates its variables and calls a pure function of
-:mod:`jaxnorm.functional` or :mod:`jaxnorm.batch`; jaxnorm's own attributes come after
-Flax's.
+to float32 rounding. A module only creates its variables and calls a pure function
+(:mod:`jaxnorm._norms`, :mod:`jaxnorm._batch`); jaxnorm's own attributes come after Flax's.
 
 Differences that go beyond Flax, never changing what Flax's arguments mean: the variance is
 always the accurate centred one (``use_fast_variance`` is accepted for compatibility; see
@@ -28,16 +27,16 @@ import jax
 import jax.numpy as jnp
 from jax.nn import initializers
 
-from jaxnorm import functional as F
-from jaxnorm._axes import Axes, canonicalize_axes, kept_shape
-from jaxnorm.batch import (
+from jaxnorm import _norms as F
+from jaxnorm._axes import Axes, batch_norm_axes, canonicalize_axes, channel_axis, kept_shape
+from jaxnorm._batch import (
   batch_norm_step,
+  batch_renorm_step,
   check_track_running_stats,
   counts_batches,
-  running_stats_dtypes,
+  frozen_batch_norm,
 )
-from jaxnorm.frozen import frozen_batch_norm
-from jaxnorm.renorm import batch_renorm_step
+from jaxnorm._dtypes import running_stats_dtypes
 
 Initializer = Any
 Dtype = Any
@@ -70,8 +69,7 @@ def _batch_norm_variables(module: Any, x: jax.Array) -> tuple[Any, ...]:
   """A BatchNorm-family module's axes and variables, as Flax's BatchNorm declares them:
   ``(feature axes, reduction axes, mean, var, scale, bias)`` (the statistics as Flax
   variables, the parameters as values or None)."""
-  feat = canonicalize_axes(module.axis, x.ndim, name="axis")
-  red = F.batch_norm_axes(x.ndim, feat, module.reduction_axes)
+  feat, red = batch_norm_axes(x.ndim, module.axis, module.reduction_axes)
   stats_shape = kept_shape(x.shape, red)
   mean_dtype, var_dtype = running_stats_dtypes(
     module.param_dtype, x.dtype, module.dtype, module.force_float32_reductions
@@ -216,7 +214,8 @@ class BatchNorm(nn.BatchNorm):
 
 class BatchRenorm(nn.BatchNorm):
   """Batch Renormalization (Ioffe 2017): BatchNorm whose training output is corrected
-  toward the running statistics (:mod:`jaxnorm.renorm`), for small or non-i.i.d. batches.
+  toward the running statistics (:func:`jaxnorm.batch_renorm`), for small or non-i.i.d.
+  batches.
 
   In training ``y = γ·((x − μ_B)/σ_B·r + d) + β`` with ``r = sg(clip(σ_B/σ, 1/r_max,
   r_max))`` and ``d = sg(clip((μ_B − μ)/σ, −d_max, d_max))`` against the running ``μ`` and
@@ -294,8 +293,9 @@ class BatchRenorm(nn.BatchNorm):
 
 
 class FrozenBatchNorm(BatchNorm):
-  """BatchNorm with fixed statistics and affine parameters (:mod:`jaxnorm.frozen`):
-  ``y = x·s + (β − μ·s)``, ``s = γ·rsqrt(var + ε)``, never updated, never trained.
+  """BatchNorm with fixed statistics and affine parameters
+  (:func:`jaxnorm.frozen_batch_norm`): ``γ·(x − μ)·rsqrt(var + ε) + β``, never updated,
+  never trained.
 
   It takes every :class:`BatchNorm` attribute and call argument, so a model written for
   BatchNorm builds it unchanged; ``use_running_average``, ``momentum``, ``mask``,
@@ -313,8 +313,8 @@ class FrozenBatchNorm(BatchNorm):
   """
 
   def __post_init__(self):
-    # Unnamed, it takes the next BatchNorm_<i> name of its parent (Flax names submodules
-    # after their class), so swapping BatchNorm for it keeps every variable's path.
+    # Unnamed, it takes its parent's next BatchNorm_<i> (swapping keeps every path); Flax names by
+    # class with no public hook, so this reads its internals (tested on lowest and newest Flax).
     parent = self.parent
     if parent is nn.module._unspecified_parent:
       stack = nn.module._context.module_stack
@@ -508,7 +508,7 @@ class GroupNorm(nn.GroupNorm):
   def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Applies group normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
     x = jnp.asarray(x)
-    f = F.channel_axis(self.feature_axis, x.ndim)
+    f = channel_axis(self.feature_axis, x.ndim)
     scale, bias = _affine_params(self, (x.shape[f],), self.use_bias)
     return F.group_norm(
       x,

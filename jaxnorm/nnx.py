@@ -3,12 +3,12 @@
 Each class subclasses its ``flax.nnx`` namesake and takes Flax's constructor parameters in
 Flax's order with Flax's defaults (``num_features`` first, ``rngs`` required,
 ``promote_dtype``, ``bias_metadata``, ``scale_metadata``), then jaxnorm's own, keyword-only.
-The state is Flax's (``nnx.Param`` ``scale``/``bias``, ``None`` when disabled;
-``nnx.BatchStat`` ``mean``/``var``), so ``nnx.state``/``nnx.update``/``nnx.split``/
-``nnx.merge`` and checkpoints of a ``flax.nnx`` model load unchanged. A module only creates
-its variables and calls the pure functions that the Linen modules call
-(:mod:`jaxnorm.functional`, :func:`jaxnorm.batch_norm_step`); the meaning of every
-attribute is documented once, on the Linen class of the same name (:mod:`jaxnorm.linen`).
+Its constructor is Flax's (``super().__init__``), so the state is Flax's (``nnx.Param``
+``scale``/``bias``, ``nnx.BatchStat`` ``mean``/``var``) and ``nnx.state``/``nnx.update``/
+``nnx.split``/``nnx.merge`` and checkpoints of a ``flax.nnx`` model load unchanged; jaxnorm
+declares only its own extras. A call runs the pure functions that the Linen modules call;
+the meaning of every attribute is documented once, on the Linen class of the same name
+(:mod:`jaxnorm.linen`).
 
     >>> from flax import nnx
     >>> from jaxnorm import nnx as jnnx
@@ -37,19 +37,21 @@ from typing import Any
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
-from flax.nnx.nn import dtypes
+from flax.nnx.nn import dtypes  # (Flax's default promote_dtype, the same object as its own)
 from jax.nn import initializers
 
-from jaxnorm import functional as F
-from jaxnorm._axes import Axes, canonicalize_axes, kept_shape
-from jaxnorm.batch import (
+from jaxnorm import _norms as F
+from jaxnorm._axes import Axes, batch_norm_axes, canonicalize_axes, kept_shape
+from jaxnorm._batch import (
   batch_norm_step,
+  batch_renorm_step,
+  check_renorm_schedule,
   check_track_running_stats,
   counts_batches,
-  running_stats_dtypes,
+  frozen_batch_norm,
 )
-from jaxnorm.frozen import batch_norm_labels, frozen_batch_norm
-from jaxnorm.renorm import batch_renorm_step, check_renorm_schedule
+from jaxnorm._dtypes import running_stats_dtypes
+from jaxnorm.fold import batch_norm_labels
 
 __all__ = [
   "BatchNorm",
@@ -65,19 +67,6 @@ __all__ = [
 Initializer = Any
 Dtype = Any
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
-
-
-def _affine_params(module, num_features, use_scale, use_bias, scale_init, bias_init, *,
-                   param_dtype, rngs, scale_metadata, bias_metadata, empty):  # fmt: skip
-  """Creates ``scale`` then ``bias`` of shape ``(num_features,)`` as Flax does (same order,
-  same RNG stream, ``empty`` when disabled), so random initializers give Flax's values."""
-  shape = (num_features,)
-  scale = bias = empty  # each attribute is assigned once: a first None would make it static
-  if use_scale:
-    scale = nnx.Param(scale_init(rngs.params(), shape, param_dtype), **scale_metadata)
-  if use_bias:
-    bias = nnx.Param(bias_init(rngs.params(), shape, param_dtype), **bias_metadata)
-  module.scale, module.bias = scale, bias
 
 
 def _read(variable):
@@ -186,30 +175,25 @@ class BatchNorm(nnx.BatchNorm):
     unbiased_running_var: bool = False,
     track_running_stats: bool = True,
   ):
+    plain = type(self) is BatchNorm
+    track = check_track_running_stats(type(self).__name__, track_running_stats, plain)
+    super().__init__(
+      num_features, use_running_average=use_running_average, axis=axis, momentum=momentum,
+      epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, use_bias=use_bias,
+      use_scale=use_scale, bias_init=bias_init, scale_init=scale_init, axis_name=axis_name,
+      axis_index_groups=axis_index_groups, use_fast_variance=use_fast_variance,
+      promote_dtype=promote_dtype, rngs=rngs, bias_metadata=bias_metadata,
+      scale_metadata=scale_metadata,
+    )  # fmt: skip
+    # jaxnorm's extras: statistics of another shape or dtype (float64 under x64), or none.
     shape = (num_features,) if stats_shape is None else tuple(stats_shape)
     mean_dtype, var_dtype = running_stats_dtypes(param_dtype, jnp.float32, dtype)
-    if check_track_running_stats(type(self).__name__, track_running_stats, type(self) is BatchNorm):
-      self.mean = nnx.BatchStat(jnp.zeros(shape, mean_dtype))
-      self.var = nnx.BatchStat(jnp.ones(shape, var_dtype))
-    else:
+    if not track:
       none: Any = None  # (declared as data, not as a static attribute)
       self.mean = self.var = nnx.data(none)
-    _affine_params(self, num_features, use_scale, use_bias, scale_init, bias_init,
-                   param_dtype=param_dtype, rngs=rngs, scale_metadata=scale_metadata,
-                   bias_metadata=bias_metadata, empty=nnx.data(None))  # fmt: skip
-    self.num_features = num_features
-    self.use_running_average = use_running_average
-    self.axis = axis
-    self.momentum = momentum
-    self.epsilon = epsilon
-    self.dtype = dtype
-    self.param_dtype = param_dtype
-    self.use_bias = use_bias
-    self.use_scale = use_scale
-    self.axis_name = axis_name
-    self.axis_index_groups = axis_index_groups
-    self.use_fast_variance = use_fast_variance
-    self.promote_dtype = promote_dtype
+    elif (shape, mean_dtype, var_dtype) != (self.mean.shape, self.mean.dtype, self.var.dtype):
+      self.mean = nnx.BatchStat(jnp.zeros(shape, mean_dtype))
+      self.var = nnx.BatchStat(jnp.ones(shape, var_dtype))
     self.reduction_axes = reduction_axes
     self.virtual_batch_size = virtual_batch_size
     self.unbiased_running_var = unbiased_running_var
@@ -248,8 +232,7 @@ class BatchNorm(nnx.BatchNorm):
     x, mean, var, scale, bias = self.promote_dtype(
       (x, *stored, _read(self.scale), _read(self.bias)), dtype=self.dtype
     )
-    feat = canonicalize_axes(self.axis, jnp.ndim(x), name="axis")
-    red = F.batch_norm_axes(jnp.ndim(x), feat, self.reduction_axes)
+    feat, red = batch_norm_axes(jnp.ndim(x), self.axis, self.reduction_axes)
     shape = kept_shape(jnp.shape(x), red)
     if stored[0] is not None and math.prod(shape) != stored[0].size:
       raise ValueError(
@@ -448,21 +431,14 @@ class LayerNorm(nnx.LayerNorm):
     scale_metadata: Mapping[str, Any] = _NO_METADATA,
     residual_dtype: Dtype | None = None,
   ):
-    _affine_params(self, num_features, use_scale, use_bias, scale_init, bias_init,
-                   param_dtype=param_dtype, rngs=rngs, scale_metadata=scale_metadata,
-                   bias_metadata=bias_metadata, empty=nnx.data(None))  # fmt: skip
-    self.num_features = num_features
-    self.epsilon = epsilon
-    self.dtype = dtype
-    self.param_dtype = param_dtype
-    self.use_bias = use_bias
-    self.use_scale = use_scale
-    self.reduction_axes = reduction_axes
-    self.feature_axes = feature_axes
-    self.axis_name = axis_name
-    self.axis_index_groups = axis_index_groups
-    self.use_fast_variance = use_fast_variance
-    self.promote_dtype = promote_dtype
+    super().__init__(
+      num_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, use_bias=use_bias,
+      use_scale=use_scale, bias_init=bias_init, scale_init=scale_init,
+      reduction_axes=reduction_axes, feature_axes=feature_axes, axis_name=axis_name,
+      axis_index_groups=axis_index_groups, use_fast_variance=use_fast_variance,
+      promote_dtype=promote_dtype, rngs=rngs, bias_metadata=bias_metadata,
+      scale_metadata=scale_metadata,
+    )  # fmt: skip
     self.residual_dtype = residual_dtype
 
   def __call__(
@@ -526,20 +502,20 @@ class RMSNorm(nnx.RMSNorm):
   ):
     if zero_centered_scale:
       scale_init = F.zero_centered_init(scale_init)
-    _affine_params(self, num_features, use_scale, use_bias, scale_init, bias_init,
-                   param_dtype=param_dtype, rngs=rngs, scale_metadata=scale_metadata,
-                   bias_metadata=bias_metadata, empty=nnx.data(None))  # fmt: skip
-    self.num_features = num_features
-    self.epsilon = epsilon
-    self.dtype = dtype
-    self.param_dtype = param_dtype
-    self.use_scale = use_scale
-    self.reduction_axes = reduction_axes
-    self.feature_axes = feature_axes
-    self.axis_name = axis_name
-    self.axis_index_groups = axis_index_groups
-    self.use_fast_variance = use_fast_variance
-    self.promote_dtype = promote_dtype
+    super().__init__(
+      num_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype,
+      use_scale=use_scale, scale_init=scale_init, reduction_axes=reduction_axes,
+      feature_axes=feature_axes, axis_name=axis_name, axis_index_groups=axis_index_groups,
+      use_fast_variance=use_fast_variance, promote_dtype=promote_dtype, rngs=rngs,
+      scale_metadata=scale_metadata,
+    )  # fmt: skip
+    # jaxnorm's extras: a bias (created after the scale, from the same stream, as Flax's
+    # other norms do), ε's place and the zero-centred scale.
+    none: Any = None
+    self.bias = nnx.data(none)
+    if use_bias:
+      bias = bias_init(rngs.params(), (num_features,), param_dtype)
+      self.bias = nnx.Param(bias, **bias_metadata)
     self.use_bias = use_bias
     self.epsilon_in_root = epsilon_in_root
     self.zero_centered_scale = zero_centered_scale
@@ -612,22 +588,16 @@ class GroupNorm(nnx.GroupNorm):
     scale_metadata: Mapping[str, Any] = _NO_METADATA,
     feature_axis: int = -1,
   ):
-    self.num_groups = F.resolve_groups(num_features, num_groups, group_size)
-    self.group_size = num_features // self.num_groups
-    _affine_params(self, num_features, use_scale, use_bias, scale_init, bias_init,
-                   param_dtype=param_dtype, rngs=rngs, scale_metadata=scale_metadata,
-                   bias_metadata=bias_metadata, empty=nnx.data(None))  # fmt: skip
+    groups = F.resolve_groups(num_features, num_groups, group_size)  # (jaxnorm's clear errors)
+    super().__init__(
+      num_features, num_groups=groups, group_size=None, epsilon=epsilon, dtype=dtype,
+      param_dtype=param_dtype, use_bias=use_bias, use_scale=use_scale, bias_init=bias_init,
+      scale_init=scale_init, reduction_axes=reduction_axes, axis_name=axis_name,
+      axis_index_groups=axis_index_groups, use_fast_variance=use_fast_variance,
+      promote_dtype=promote_dtype, rngs=rngs, bias_metadata=bias_metadata,
+      scale_metadata=scale_metadata,
+    )  # fmt: skip
     self.feature_axis = feature_axis
-    self.epsilon = epsilon
-    self.dtype = dtype
-    self.param_dtype = param_dtype
-    self.use_bias = use_bias
-    self.use_scale = use_scale
-    self.reduction_axes = reduction_axes
-    self.axis_name = axis_name
-    self.axis_index_groups = axis_index_groups
-    self.use_fast_variance = use_fast_variance
-    self.promote_dtype = promote_dtype
 
   def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Applies group normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
@@ -677,30 +647,13 @@ class InstanceNorm(nnx.InstanceNorm):
     bias_metadata: Mapping[str, Any] = _NO_METADATA,
     scale_metadata: Mapping[str, Any] = _NO_METADATA,
   ):
-    _affine_params(
-      self,
-      num_features,
-      use_scale,
-      use_bias,
-      scale_init,
-      bias_init,
-      param_dtype=param_dtype,
-      rngs=rngs,
-      scale_metadata=scale_metadata,
-      bias_metadata=bias_metadata,
-      empty=None,
-    )  # fmt: skip (None, as flax.nnx)
-    self.num_features = num_features
-    self.epsilon = epsilon
-    self.dtype = dtype
-    self.param_dtype = param_dtype
-    self.use_bias = use_bias
-    self.use_scale = use_scale
-    self.feature_axes = feature_axes
-    self.axis_name = axis_name
-    self.axis_index_groups = axis_index_groups
-    self.use_fast_variance = use_fast_variance
-    self.promote_dtype = promote_dtype
+    super().__init__(
+      num_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, use_bias=use_bias,
+      use_scale=use_scale, bias_init=bias_init, scale_init=scale_init,
+      feature_axes=feature_axes, axis_name=axis_name, axis_index_groups=axis_index_groups,
+      use_fast_variance=use_fast_variance, promote_dtype=promote_dtype, rngs=rngs,
+      bias_metadata=bias_metadata, scale_metadata=scale_metadata,
+    )  # fmt: skip
 
   def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Applies instance normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""

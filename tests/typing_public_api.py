@@ -26,6 +26,8 @@ def pure_functions(x: jax.Array) -> list[jax.Array]:
   y, h = jaxnorm.add_layer_norm(x, x, scale, bias)
   z, _ = jaxnorm.add_rms_norm(x, x, scale)
   r_max, d_max = jaxnorm.renorm_limits(100)
+  trained, batch = jaxnorm.batch_norm(x)
+  inferred: jax.Array = jaxnorm.batch_norm(x, mean=batch.mean, var=batch.var)
   return [
     jaxnorm.normalize(x, axes=-1),
     jaxnorm.layer_norm(x, scale, bias),
@@ -33,6 +35,8 @@ def pure_functions(x: jax.Array) -> list[jax.Array]:
     jaxnorm.group_norm(x[:, None, :], num_groups=3),
     jaxnorm.instance_norm(x[:, None, :]),
     jaxnorm.frozen_batch_norm(x, scale, bias, mean, var),
+    trained,
+    inferred,
     y,
     h,
     z,
