@@ -49,13 +49,13 @@ Training = Callable[..., tuple[jax.Array, Moments, Pool]]
 
 
 def check_batch_values(
-  x_shape: tuple[int, ...], red: tuple[int, ...], axis_name: Any, name: str = "batch_norm"
+  x_shape: tuple[int, ...], reduced: tuple[int, ...], axis_name: Any, name: str = "batch_norm"
 ) -> None:
   """Raises if training statistics would have one value each (on one device)."""
-  if math.prod(x_shape[a] for a in red) == 1 and axis_name is None:
+  if math.prod(x_shape[a] for a in reduced) == 1 and axis_name is None:
     raise ValueError(
       f"{name} in training needs more than one value per statistic, but an input of "
-      f"shape {x_shape} reduced over axes {red} has 1 (the variance would be 0 and the "
+      f"shape {x_shape} reduced over axes {reduced} has 1 (the variance would be 0 and the "
       f"output would be just the bias). Use a batch larger than 1, normalize with running "
       f"statistics (use_running_average=True), or use LayerNorm/GroupNorm."
     )
@@ -126,8 +126,8 @@ def _config(
 ) -> Config:
   """The :class:`Config` of a BatchNorm-family call (``options``: dtype,
   force_float32_reductions, axis_name, axis_index_groups)."""
-  feat, red = batch_norm_axes(x.ndim, axis, reduction_axes)
-  return configure(x, red, feat, *operands, **options)
+  features, reduced = batch_norm_axes(x.ndim, axis, reduction_axes)
+  return configure(x, reduced, features, *operands, **options)
 
 
 # --- inference and the training normalizations -------------------------------------------
@@ -183,10 +183,10 @@ def _ghost(virtual_batch_size: Any) -> Training:
     def shift(a):
       return a + 1 if a >= b else a
 
-    red = tuple(b + 1 if a == b else shift(a) for a in cfg.axes)
-    sub = cfg.local()._replace(axes=red, features=tuple(map(shift, cfg.features)))
+    reduced = tuple(b + 1 if a == b else shift(a) for a in cfg.axes)
+    sub = cfg.local()._replace(axes=reduced, features=tuple(map(shift, cfg.features)))
     y, stats = _batch_statistics(x.reshape(shape), scale, bias, sub, epsilon, mask)
-    group_axis = sum(1 for a in range(b) if a not in red)  # among the kept axes
+    group_axis = sum(1 for a in range(b) if a not in reduced)  # among the kept axes
 
     def pool(stats: Moments) -> Moments:
       count = stats.count.astype(stats.var.dtype)

@@ -20,7 +20,7 @@ it keeps the plain sums, whose cancellation costs gradients of far off-centre da
 
 How XLA:CPU compiles this decides the traffic, so three details are deliberate: every
 reduction runs on a merged view of ``x`` (:class:`_View`), the small per-group factors
-pass through a select (:func:`_barrier`), and products are ordered so that no full-size
+pass through a select (:func:`_fusion_barrier`), and products are ordered so that no full-size
 product is shared by two reductions (``benchmarks/RESULTS.md``, items 12–14).
 
 Everything static about a call is one :class:`~jaxnorm._config.Config`, built by the
@@ -43,10 +43,10 @@ from jaxnorm._dtypes import accumulation_dtype, real_dtype, to_dtype
 from jaxnorm._stats import (
   Moments,
   Variance,
-  apart,
   barrier_on_cpu,
   broadcast_mask,
   concrete_value,
+  converted_apart,
   group_moments,
   group_sum,
   psum,
@@ -195,7 +195,7 @@ def _affine_normalize(x, scale, bias, mask, epsilon, cfg):
   return y, stats
 
 
-def _barrier(r, a):
+def _fusion_barrier(r, a):
   """``a`` unchanged (``r`` is finite or NaN alike): a select on the small per-group
   factors that keeps XLA:CPU from fusing a derivative's reduction with the elementwise
   output (``benchmarks/RESULTS.md``, item 13)."""
@@ -228,10 +228,8 @@ def _affine_normalize_jvp(cfg, primals, tangents):
     c = jnp.where(std > 0, -1.0 / jnp.where(std > 0, std, 1.0), 0.0)
   gamma = 1.0 if scale is None else scale
   gammav = 1.0 if scale is None else v(scale)
-  # With a mask or across devices the derivative sums ``(x − μ)·ẋ`` (exact). Otherwise it
-  # sums ``x·ẋ`` and subtracts ``μ·Σẋ``: plain sums that XLA streams, at the price of up to
-  # ~eps·|μ|/σ·sqrt(n) relative error in the gradient of far off-centre data (measured 1e-4
-  # at |μ|/σ = 1e4, D = 768). A lax.cond choosing between them measured 10–30 % slower.
+  # With a mask or across devices the derivative sums ``(x − μ)·ẋ`` (exact); otherwise
+  # ``x·ẋ − μ·Σẋ``, plain sums XLA streams (~eps·|μ|/σ·sqrt(n) relative error: item 6).
   centred = mask is not None or cfg.axis_name is not None
   if not cfg.center:
     dmean = jnp.zeros_like(meanv)
@@ -244,20 +242,22 @@ def _affine_normalize_jvp(cfg, primals, tangents):
     else:
       cov = (total(xv * dxv) - meanv * s1) * inv_n
   # (ε's tangent changes r alone: (x − μ)·ṙ is one more per-group term of p.)
-  p = _barrier(rv, c * rv * rv * cov + _inverse_std_tangent(rv, depsilon, cfg.epsilon_in_root))
+  p = _fusion_barrier(
+    rv, c * rv * rv * cov + _inverse_std_tangent(rv, depsilon, cfg.epsilon_in_root)
+  )
   # Products are ordered so that no full-size product is shared between two reductions of
   # the transposed derivative (x·(γp) and (x·r)·γ̇ transpose to Σ(ẏ·x)·γ and Σẏ·(x·r)).
   dyv = xv * (gammav * p)
   if cfg.center:
-    dyv = dyv + gammav * _barrier(rv, -(rv * dmean + meanv * p))
+    dyv = dyv + gammav * _fusion_barrier(rv, -(rv * dmean + meanv * p))
   gterm = None
   if dscale is not None:
     dscalev = v(dscale).astype(acc)
     if jnp.size(rv * dscalev) < xv.size:  # r·γ̇ is per feature (BatchNorm, CNN layouts)
       rs = rv * dscalev  # Σẏ·x then shares the reduction of the statistics' derivative
       dyv = dyv + (xv * rs - meanv * rs if cfg.center else xv * rs)
-    else:  # (its own reads of x and of the cotangent: see apart)
-      xg = xv if x.dtype == acc else -apart(v(x), acc)[1]
+    else:  # (its own reads of x and of the cotangent: see converted_apart)
+      xg = xv if x.dtype == acc else -converted_apart(v(x), acc)[1]
       gterm = ((xg - meanv) * rv if cfg.center else xg * rv) * dscalev
   dy = dx * (gamma * r) + dyv.reshape(x.shape)
   if dbias is not None:

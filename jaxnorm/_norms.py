@@ -167,10 +167,10 @@ def layer_norm(
   """
   with jax.named_scope("jaxnorm.layer_norm"):
     x = jnp.asarray(x)
-    red = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
-    feat = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
+    reduced = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
+    features = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
     options = _options(dtype, force_float32_reductions, axis_name, axis_index_groups)
-    cfg = configure(x, red, feat, scale, bias, **options)
+    cfg = configure(x, reduced, features, scale, bias, **options)
     return _norm(x, scale, bias, cfg, epsilon, mask)[0]
 
 
@@ -216,10 +216,10 @@ def rms_norm(
   """
   with jax.named_scope("jaxnorm.rms_norm"):
     x = jnp.asarray(x)
-    red = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
-    feat = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
+    reduced = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
+    features = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
     options = _options(dtype, force_float32_reductions, axis_name, axis_index_groups)
-    cfg = configure(x, red, feat, scale, bias, center=False,
+    cfg = configure(x, reduced, features, scale, bias, center=False,
                     epsilon_in_root=epsilon_in_root, **options)  # fmt: skip
     return _norm(x, scale, bias, cfg, epsilon, mask, zero_centered_scale)[0]
 
@@ -382,9 +382,9 @@ def instance_norm(
   """
   with jax.named_scope("jaxnorm.instance_norm"):
     x = jnp.asarray(x)
-    feat, red = instance_norm_axes(x.ndim, feature_axes)
+    features, reduced = instance_norm_axes(x.ndim, feature_axes)
     options = _options(dtype, force_float32_reductions, axis_name, axis_index_groups)
-    cfg = configure(x, red, feat, scale, bias, **options)
+    cfg = configure(x, reduced, features, scale, bias, **options)
     return _norm(x, scale, bias, cfg, epsilon, mask)[0]
 
 
@@ -464,8 +464,8 @@ def group_norm(
   """
   with jax.named_scope("jaxnorm.group_norm"):
     x = jnp.asarray(x)
-    f, red = group_norm_axes(x.ndim, feature_axis, reduction_axes)
+    f, reduced = group_norm_axes(x.ndim, feature_axis, reduction_axes)
     groups = resolve_groups(x.shape[f], num_groups, group_size)
     options = _options(dtype, force_float32_reductions, axis_name, axis_index_groups)
-    cfg = configure(x, red, (f,), scale, bias, channel_groups=(f, groups), **options)
+    cfg = configure(x, reduced, (f,), scale, bias, channel_groups=(f, groups), **options)
     return _norm(x, scale, bias, cfg, epsilon, mask)[0]

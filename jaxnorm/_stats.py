@@ -128,7 +128,7 @@ def shifts(x, axes, groups=None):
   return tuple(out)
 
 
-def apart(raw, dtype):
+def converted_apart(raw, dtype):
   """``(x, −x, −1)``: ``raw`` converted to ``dtype``, as two expressions that XLA:CPU keeps
   apart; ``(x, x, 1)`` when there is nothing to convert. Each reduction then reads the
   half-precision input itself instead of a float32 copy written out for both (behind
@@ -148,7 +148,7 @@ def apart(raw, dtype):
 
 
 def barrier_on_cpu(a):
-  """``a``, behind an optimization barrier on XLA:CPU only (see :func:`apart`)."""
+  """``a``, behind an optimization barrier on XLA:CPU only (see :func:`converted_apart`)."""
   return lax.platform_dependent(a, cpu=lax.optimization_barrier, default=lambda a: a)
 
 
@@ -163,7 +163,7 @@ def _checked_moments(raw, dtype, axes, inv_n, groups=None):
   mean(d)`` and ``var = mean(d²) − mean(d)²``. ``raw`` is ``x`` before its conversion to
   ``dtype``, the fallback's operand (``benchmarks/RESULTS.md``, item 4).
   """
-  x, other, _ = apart(raw, dtype)
+  x, other, _ = converted_apart(raw, dtype)
   mean = group_sum(x, axes, groups) * inv_n
   fast = jnp.maximum(group_sum(other * other, axes, groups) * inv_n - mean * mean, 0)
   limit = 2e-6 / float(jnp.finfo(dtype).eps)
@@ -172,7 +172,7 @@ def _checked_moments(raw, dtype, axes, inv_n, groups=None):
 
   def two_pass(operands):
     raw, mean, _ = operands
-    x, other, sign = apart(raw, dtype)
+    x, other, sign = converted_apart(raw, dtype)
     d, other_d = x - mean, other - sign * mean  # other_d = ±d
     shift = group_sum(d, axes, groups) * inv_n
     var = group_sum(other_d * other_d, axes, groups) * inv_n - shift * shift

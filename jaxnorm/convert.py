@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 from jaxnorm._dtypes import real_dtype
 
@@ -425,7 +426,7 @@ def norms_from_state_dict(
     for key, value in state_dict.items():
       prefix, _, leaf = key.rpartition(".")
       sources.setdefault(prefix, {})[leaf] = value
-  variables: dict = {}
+  flat: dict[tuple[str, ...], Any] = {}  # (collection, *module path, leaf): value
   layers: dict[str, TorchNorm] = {}
   used: set[str] = set()
   for prefix, source in sources.items():
@@ -450,10 +451,9 @@ def norms_from_state_dict(
         leaves = list(source.state_dict())
       layers[flax_path] = layer
       for collection, values in layer.variables.items():
-        node = variables.setdefault(collection, {})
-        for name in flax_path.split("/"):
-          node = node.setdefault(name, {})
-        node.update(values)
+        for leaf, value in values.items():
+          flat[(collection, *flax_path.split("/"), leaf)] = value
       used.update(f"{prefix}.{leaf}" for leaf in leaves)
       break
+  variables = traverse_util.unflatten_dict(flat)
   return variables, layers, [k for k in state_dict if k not in used]

@@ -69,8 +69,8 @@ def _batch_norm_variables(module: Any, x: jax.Array) -> tuple[Any, ...]:
   """A BatchNorm-family module's axes and variables, as Flax's BatchNorm declares them:
   ``(feature axes, reduction axes, mean, var, scale, bias)`` (the statistics as Flax
   variables, the parameters as values or None)."""
-  feat, red = batch_norm_axes(x.ndim, module.axis, module.reduction_axes)
-  stats_shape = kept_shape(x.shape, red)
+  features, reduced = batch_norm_axes(x.ndim, module.axis, module.reduction_axes)
+  stats_shape = kept_shape(x.shape, reduced)
   mean_dtype, var_dtype = running_stats_dtypes(
     module.param_dtype, x.dtype, module.dtype, module.force_float32_reductions
   )
@@ -79,8 +79,8 @@ def _batch_norm_variables(module: Any, x: jax.Array) -> tuple[Any, ...]:
   if check_track_running_stats(type(module).__name__, track, type(module) is BatchNorm):
     ra_mean = module.variable("batch_stats", "mean", jnp.zeros, stats_shape, mean_dtype)
     ra_var = module.variable("batch_stats", "var", jnp.ones, stats_shape, var_dtype)
-  scale, bias = _affine_params(module, tuple(x.shape[a] for a in feat), module.use_bias)
-  return feat, red, ra_mean, ra_var, scale, bias
+  scale, bias = _affine_params(module, tuple(x.shape[a] for a in features), module.use_bias)
+  return features, reduced, ra_mean, ra_var, scale, bias
 
 
 def _common(module: Any, mask: jax.Array | None) -> dict[str, Any]:
@@ -185,7 +185,7 @@ class BatchNorm(nn.BatchNorm):
     if self.track_running_stats:
       use_ra = _merge_use_running_average(self.use_running_average, use_running_average)
     x = jnp.asarray(x)
-    feat, red, ra_mean, ra_var, scale, bias = _batch_norm_variables(self, x)
+    features, reduced, ra_mean, ra_var, scale, bias = _batch_norm_variables(self, x)
     tracked = None
     if counts_batches(self):
       tracked = self.variable("batch_stats", "num_batches_tracked", jnp.zeros, (), jnp.int32)
@@ -198,8 +198,8 @@ class BatchNorm(nn.BatchNorm):
       use_running_average=use_ra,
       momentum=self.momentum,
       initializing=self.is_initializing(),
-      axis=feat,
-      reduction_axes=red,
+      axis=features,
+      reduction_axes=reduced,
       **_common(self, mask),
       virtual_batch_size=self.virtual_batch_size,
       unbiased_running_var=self.unbiased_running_var,
@@ -266,7 +266,7 @@ class BatchRenorm(nn.BatchNorm):
     :meth:`BatchNorm.__call__`."""
     use_ra = _merge_use_running_average(self.use_running_average, use_running_average)
     x = jnp.asarray(x)
-    feat, red, ra_mean, ra_var, scale, bias = _batch_norm_variables(self, x)
+    features, reduced, ra_mean, ra_var, scale, bias = _batch_norm_variables(self, x)
     steps = self.variable("batch_stats", "steps", jnp.zeros, (), jnp.int32)
     y, updated = batch_renorm_step(
       x,
@@ -283,8 +283,8 @@ class BatchRenorm(nn.BatchNorm):
       warmup_steps=self.warmup_steps,
       r_max_steps=self.r_max_steps,
       d_max_steps=self.d_max_steps,
-      axis=feat,
-      reduction_axes=red,
+      axis=features,
+      reduction_axes=reduced,
       **_common(self, mask),
     )
     if updated is not None:
@@ -332,15 +332,15 @@ class FrozenBatchNorm(BatchNorm):
     """Normalizes ``x`` with the stored statistics; the arguments are accepted and unused."""
     del use_running_average, mask
     x = jnp.asarray(x)
-    feat, red, ra_mean, ra_var, scale, bias = _batch_norm_variables(self, x)
+    features, reduced, ra_mean, ra_var, scale, bias = _batch_norm_variables(self, x)
     return frozen_batch_norm(
       x,
       scale,
       bias,
       ra_mean.value,
       ra_var.value,
-      axis=feat,
-      reduction_axes=red,
+      axis=features,
+      reduction_axes=reduced,
       epsilon=self.epsilon,
       dtype=self.dtype,
       force_float32_reductions=self.force_float32_reductions,
@@ -391,11 +391,11 @@ class LayerNorm(nn.LayerNorm):
     in ``residual_dtype`` and ``y`` the norm of ``h`` (see :func:`jaxnorm.add_layer_norm`).
     """
     x = jnp.asarray(x)
-    feat = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
-    scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias)
+    features = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
+    scale, bias = _affine_params(self, tuple(x.shape[a] for a in features), self.use_bias)
     kw = dict(
       reduction_axes=self.reduction_axes,
-      feature_axes=feat,
+      feature_axes=features,
       **_common(self, mask),
     )
     if residual is None:
@@ -451,14 +451,16 @@ class RMSNorm(nn.RMSNorm):
     """Applies RMS normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`); with a
     ``residual``, Add & Norm returning ``(y, h)`` (see :func:`jaxnorm.add_rms_norm`)."""
     x = jnp.asarray(x)
-    feat = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
+    features = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
     scale_init = self.scale_init
     if self.zero_centered_scale:
       scale_init = F.zero_centered_init(scale_init)
-    scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias, scale_init)
+    scale, bias = _affine_params(
+      self, tuple(x.shape[a] for a in features), self.use_bias, scale_init
+    )
     kw = dict(
       reduction_axes=self.reduction_axes,
-      feature_axes=feat,
+      feature_axes=features,
       epsilon_in_root=self.epsilon_in_root,
       zero_centered_scale=self.zero_centered_scale,
       **_common(self, mask),
@@ -555,12 +557,12 @@ class InstanceNorm(nn.InstanceNorm):
   def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Applies instance normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
     x = jnp.asarray(x)
-    feat = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
-    scale, bias = _affine_params(self, tuple(x.shape[a] for a in feat), self.use_bias)
+    features = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
+    scale, bias = _affine_params(self, tuple(x.shape[a] for a in features), self.use_bias)
     return F.instance_norm(
       x,
       scale,
       bias,
-      feature_axes=feat,
+      feature_axes=features,
       **_common(self, mask),
     )

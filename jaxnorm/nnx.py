@@ -95,8 +95,8 @@ def _common(module, mask):
 
 def _onto_features(x, feature_axes, *params):
   """Each of ``params`` (``(num_features,)`` or None) laid onto the feature axes of ``x``."""
-  feat = canonicalize_axes(feature_axes, jnp.ndim(x), name="feature_axes")
-  shape = tuple(jnp.shape(x)[a] for a in feat)
+  features = canonicalize_axes(feature_axes, jnp.ndim(x), name="feature_axes")
+  shape = tuple(jnp.shape(x)[a] for a in features)
   return tuple(_onto(p, shape) for p in params)
 
 
@@ -206,14 +206,14 @@ class BatchNorm(nnx.BatchNorm):
   ) -> jax.Array:
     """Normalizes ``x`` with the batch statistics (training, updating the running averages)
     or with the running averages; ``use_running_average`` overrides the attribute."""
-    use_ra, x, args, feat, red = self._prepare(x, use_running_average)
+    use_ra, x, args, features, reduced = self._prepare(x, use_running_average)
     y, updated = batch_norm_step(
       x,
       *args,
       use_running_average=use_ra,
       momentum=self.momentum,
-      axis=feat,
-      reduction_axes=red,
+      axis=features,
+      reduction_axes=reduced,
       virtual_batch_size=self.virtual_batch_size,
       unbiased_running_var=self.unbiased_running_var,
       num_batches_tracked=self.num_batches_tracked[...] if counts_batches(self) else None,
@@ -232,12 +232,12 @@ class BatchNorm(nnx.BatchNorm):
     x, mean, var, scale, bias = self.promote_dtype(
       (x, *stored, _read(self.scale), _read(self.bias)), dtype=self.dtype
     )
-    feat, red = batch_norm_axes(jnp.ndim(x), self.axis, self.reduction_axes)
-    shape = kept_shape(jnp.shape(x), red)
+    features, reduced = batch_norm_axes(jnp.ndim(x), self.axis, self.reduction_axes)
+    shape = kept_shape(jnp.shape(x), reduced)
     if stored[0] is not None and math.prod(shape) != stored[0].size:
       raise ValueError(
         f"{type(self).__name__}({self.num_features}) keeps running statistics of shape "
-        f"{stored[0].shape}, but an input of shape {jnp.shape(x)} reduced over axes {red} "
+        f"{stored[0].shape}, but an input of shape {jnp.shape(x)} reduced over axes {reduced} "
         f"has statistics of shape {shape}; construct it with num_features equal to the "
         f"size of axis={self.axis}, or with stats_shape={shape} when reduction_axes keeps "
         f"more than the feature axis."
@@ -245,8 +245,8 @@ class BatchNorm(nnx.BatchNorm):
     # Inference normalizes with the promoted statistics (as flax.nnx); training updates the
     # stored ones, in their own dtype.
     running = (mean, var) if use_ra else stored
-    args = (*_onto_features(x, feat, scale, bias), *(_onto(s, shape) for s in running))
-    return use_ra, x, args, feat, red
+    args = (*_onto_features(x, features, scale, bias), *(_onto(s, shape) for s in running))
+    return use_ra, x, args, features, reduced
 
   def _store(self, updated):
     """Writes a training step's new running statistics (None: nothing to write)."""
@@ -314,7 +314,7 @@ class BatchRenorm(BatchNorm):
   ) -> jax.Array:
     """Renormalized batch statistics in training (updating ``mean``, ``var``, ``steps``),
     the running averages otherwise; ``use_running_average`` overrides the attribute."""
-    use_ra, x, (scale, bias, mean, var), feat, red = self._prepare(x, use_running_average)
+    use_ra, x, (scale, bias, mean, var), features, reduced = self._prepare(x, use_running_average)
     y, updated = batch_renorm_step(
       x,
       scale,
@@ -329,8 +329,8 @@ class BatchRenorm(BatchNorm):
       warmup_steps=self.warmup_steps,
       r_max_steps=self.r_max_steps,
       d_max_steps=self.d_max_steps,
-      axis=feat,
-      reduction_axes=red,
+      axis=features,
+      reduction_axes=reduced,
       **_common(self, mask),
     )
     self._store(updated)
@@ -358,9 +358,9 @@ class FrozenBatchNorm(BatchNorm):
   ) -> jax.Array:
     """Normalizes ``x`` with the stored statistics; the arguments are accepted and unused."""
     del use_running_average, mask
-    _, x, args, feat, red = self._prepare(x, True)
+    _, x, args, features, reduced = self._prepare(x, True)
     return frozen_batch_norm(
-      x, *args, axis=feat, reduction_axes=red, epsilon=self.epsilon, dtype=self.dtype
+      x, *args, axis=features, reduction_axes=reduced, epsilon=self.epsilon, dtype=self.dtype
     )
 
 

@@ -22,22 +22,22 @@ def _complex(rng, shape, loc=0.0):
 def test_pure_functions_match_the_complex_reference(case, jit, rng):
   x = _complex(rng, (6, 5, 4), loc=2.0)
   gamma, beta = rng.normal(1.0, 0.3, 4), rng.normal(0.0, 0.3, 4)
-  fn = jax.jit(case.fn) if jit else case.fn
+  fn = jax.jit(case.call) if jit else case.call
   y = fn(x, jnp.asarray(gamma, jnp.float32), jnp.asarray(beta, jnp.float32))
   assert y.dtype == jnp.complex64
-  np.testing.assert_allclose(np.asarray(y), case.ref(x, gamma, beta), atol=2e-5)
+  np.testing.assert_allclose(np.asarray(y), case.reference(x, gamma, beta), atol=2e-5)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_modules_match_the_reference_and_flax(case, rng):
   x = _complex(rng, (6, 5, 4))
-  ours = getattr(jaxnorm, case.module)(**case.kwargs)
-  theirs = getattr(nn, case.module)(**case.kwargs)
+  ours = case.linen()
+  theirs = case.flax_linen()
   variables = theirs.init(jax.random.key(0), x)
   y_ours = ours.apply(variables, x, mutable=["batch_stats"])[0]
   y_theirs = theirs.apply(variables, x, mutable=["batch_stats"])[0]
   assert y_ours.dtype == y_theirs.dtype == jnp.complex64
-  np.testing.assert_allclose(np.asarray(y_ours), case.ref(x, None, None), atol=2e-5)
+  np.testing.assert_allclose(np.asarray(y_ours), case.reference(x, None, None), atol=2e-5)
   np.testing.assert_allclose(np.asarray(y_ours), np.asarray(y_theirs), atol=2e-5)
 
 

@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxnorm
 from tests import reference as ref
+from tests.cases import CASES
 
 N_DEV = 8
 
@@ -90,6 +91,10 @@ NORMS = [
     0,
   ),
 ]
+
+
+def test_every_norm_of_the_registry_is_sharded():
+  assert {case.name for case in CASES} <= {n[0].split("_")[0] for n in NORMS}
 
 
 @pytest.mark.parametrize("name,fn,single,shape,axis", NORMS, ids=[n[0] for n in NORMS])

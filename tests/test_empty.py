@@ -20,7 +20,7 @@ SHAPES = [(0, 3, 4), (2, 0, 4), (2, 3, 0)]
 def test_pure_functions_on_empty_inputs(case, shape, jit):
   x = jnp.zeros(shape)
   gamma, beta = jnp.ones(shape[-1]), jnp.zeros(shape[-1])
-  fn = jax.jit(case.fn) if jit else case.fn
+  fn = jax.jit(case.call) if jit else case.call
   y = fn(x, gamma, beta)
   assert y.shape == shape and y.dtype == jnp.float32
 
@@ -36,7 +36,7 @@ def test_pure_functions_on_empty_inputs(case, shape, jit):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_modules_on_empty_inputs(case, shape):
-  module = getattr(jaxnorm, case.module)(**case.kwargs)
+  module = case.linen()
   x = jnp.zeros(shape)
   y, variables = module.init_with_output(jax.random.key(0), x)
   assert y.shape == shape

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import jaxnorm
+from tests.cases import NAMES
 
 _leaves = jax.tree_util.tree_leaves
-NAMES = ["BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm"]
 NORMAL = nn.initializers.normal(0.5)
 # One non-default value for every Flax field (a field missing here fails
 # test_every_flax_field_is_covered, so a new Flax field is not missed): the fields every

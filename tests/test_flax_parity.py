@@ -15,6 +15,7 @@ import pytest
 from flax import serialization
 
 import jaxnorm
+from tests.cases import NAMES
 
 RANDOM_INIT = dict(scale_init=nn.initializers.normal(0.5), bias_init=nn.initializers.normal(0.5))
 
@@ -59,6 +60,10 @@ CONFIGS = [
 ]
 _leaves = jax.tree_util.tree_leaves
 IDS = [f"{n}-{i}" for i, (n, *_) in enumerate(CONFIGS)]
+
+
+def test_every_norm_of_the_registry_has_configs():
+  assert {c[0] for c in CONFIGS} == set(NAMES)
 
 
 def _tol(*dtypes):

@@ -9,19 +9,16 @@ import pytest
 from jax.test_util import check_grads
 
 import jaxnorm
+from tests.cases import CASES
 
 NORMS = {
+  **{case.name: case.call for case in CASES},  # every norm of the registry, and variants:
   "normalize": lambda x, g, b: jaxnorm.normalize(x, (1, 2)) * g[None, None] + b[None, None],
   "rms_normalize": lambda x, g, b: jaxnorm.normalize(x, -1, center=False) * g[None, None],
   "mean_only": lambda x, g, b: jaxnorm.normalize(x, 0, scale=False) + b[None, None],
-  "batch": lambda x, g, b: jaxnorm.batch_norm(x, g, b)[0],
   "batch_stats": lambda x, g, b: sum(jaxnorm.batch_norm(x, g, b)[1][:2]),
   "batch_eval": lambda x, g, b: jaxnorm.batch_norm(x, g, b, mean=b * 0.1, var=g * g),
-  "layer": lambda x, g, b: jaxnorm.layer_norm(x, g, b),
   "layer_2d": lambda x, g, b: jaxnorm.layer_norm(x, g, b, reduction_axes=(1, 2)),
-  "instance": lambda x, g, b: jaxnorm.instance_norm(x, g, b),
-  "group": lambda x, g, b: jaxnorm.group_norm(x, g, b, num_groups=2),
-  "rms": lambda x, g, b: jaxnorm.rms_norm(x, g),
   "rms_bias_outside": lambda x, g, b: jaxnorm.rms_norm(x, g, b, epsilon_in_root=False),
   "rms_zero_centered": lambda x, g, b: jaxnorm.rms_norm(x, g, zero_centered_scale=True),
   "layer_masked": lambda x, g, b: jaxnorm.layer_norm(

@@ -34,15 +34,15 @@ def _ints(dtype, shape, rng):
 def test_integer_and_bool_inputs_match_the_reference(case, dtype, rng):
   x = _ints(dtype, (6, 4, 4, 6), rng)
   g, b = rng.normal(1.0, 0.3, 6).astype(np.float32), rng.normal(0.0, 0.3, 6).astype(np.float32)
-  expected = case.ref(x, g, b)
-  np.testing.assert_allclose(case.fn(jnp.asarray(x), g, b), expected, rtol=1e-4, atol=1e-4)
-  module = getattr(jaxnorm, case.module)(**case.kwargs)
+  expected = case.reference(x, g, b)
+  np.testing.assert_allclose(case.call(jnp.asarray(x), g, b), expected, rtol=1e-4, atol=1e-4)
+  module = case.linen()
   variables = module.init(jax.random.key(0), jnp.asarray(x))
   has_bias = "bias" in variables["params"]  # (RMSNorm has none by default)
   variables["params"] = {"scale": g, "bias": b} if has_bias else {"scale": g}
   y = module.apply(variables, jnp.asarray(x), mutable=["batch_stats"])[0]
   assert y.dtype == jnp.float32  # Flax's output dtype for integer inputs
-  expected = expected if has_bias else case.ref(x, g, None)
+  expected = expected if has_bias else case.reference(x, g, None)
   np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
 
 

@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import jaxnorm
 from jaxnorm import nnx as jnnx
 from tests import reference as ref
+from tests.cases import CASES, LAYOUTS, NAMES
 
-NAMES = ["BatchNorm", "LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm"]
 NORMAL = nnx.initializers.normal(0.5)
 
 
@@ -79,6 +78,12 @@ CONFIGS = [  # (name, positional args, keyword args, input shape, input dtype)
   ("InstanceNorm", (8,), dict(use_bias=False, use_scale=False), (3, 7, 8), jnp.float32),
 ]
 IDS = [f"{c[0]}-{i}" for i, c in enumerate(CONFIGS)]
+
+
+def test_every_norm_of_the_registry_has_configs():
+  assert {c[0] for c in CONFIGS} == set(NAMES)
+
+
 _leaves = jax.tree_util.tree_leaves
 
 
@@ -163,64 +168,28 @@ def test_group_norm_with_several_kept_axes_matches_the_reference(rng):
 
 
 # The float64 reference for every norm and layout, through both front ends' modules.
-SHAPES = {"nhwc": (3, 5, 4, 8), "nchw": (3, 8, 5, 4), "btd": (3, 6, 8)}
-CHANNEL = {"nhwc": -1, "nchw": 1, "btd": -1}
+GRID = [(case, layout, api) for layout in LAYOUTS for case in CASES for api in ("linen", "nnx")]
+GRID_IDS = [f"{case.name}-{layout}-{api}" for case, layout, api in GRID]
 
 
-def _module_cases(layout):
-  c = CHANNEL[layout]
-  ndim = len(SHAPES[layout])
-  red = tuple(range(1, ndim)) if layout != "btd" else (-1,)
-  return {  # norm: (Linen module, NNX constructor, reference)
-    "batch": (
-      jaxnorm.BatchNorm(use_running_average=False, axis=c),
-      lambda n: jnnx.BatchNorm(n, axis=c, rngs=nnx.Rngs(0)),
-      lambda x, g, b: ref.batch_norm(x, g, b, axis=c)[0],
-    ),
-    "layer": (
-      jaxnorm.LayerNorm(reduction_axes=red, feature_axes=c),
-      lambda n: jnnx.LayerNorm(n, reduction_axes=red, feature_axes=c, rngs=nnx.Rngs(0)),
-      lambda x, g, b: ref.layer_norm(x, g, b, red, c),
-    ),
-    "instance": (
-      jaxnorm.InstanceNorm(feature_axes=c),
-      lambda n: jnnx.InstanceNorm(n, feature_axes=c, rngs=nnx.Rngs(0)),
-      lambda x, g, b: ref.instance_norm(x, g, b, channel_axis=c),
-    ),
-    "group": (
-      jaxnorm.GroupNorm(num_groups=4, feature_axis=c),
-      lambda n: jnnx.GroupNorm(n, 4, feature_axis=c, rngs=nnx.Rngs(0)),
-      lambda x, g, b: ref.group_norm(x, 4, g, b, channel_axis=c),
-    ),
-    "rms": (
-      jaxnorm.RMSNorm(reduction_axes=c, feature_axes=c, use_bias=True),
-      lambda n: jnnx.RMSNorm(n, reduction_axes=c, feature_axes=c, use_bias=True, rngs=nnx.Rngs(0)),
-      lambda x, g, b: ref.rms_norm(x, g, b, axes=c),
-    ),
-  }
-
-
-GRID = [(n, lay, api) for lay in SHAPES for n in _module_cases(lay) for api in ("linen", "nnx")]
-
-
-@pytest.mark.parametrize("norm,layout,api", GRID)
-def test_modules_match_reference(norm, layout, api, rng):
-  linen, make_nnx, expected_fn = _module_cases(layout)[norm]
-  shape = SHAPES[layout]
-  channels = shape[CHANNEL[layout]]
+@pytest.mark.parametrize("case,layout,api", GRID, ids=GRID_IDS)
+def test_modules_match_reference(case, layout, api, rng):
+  shape, channel = LAYOUTS[layout]
+  channels = shape[channel]
   x = jnp.asarray(rng.normal(1.5, 2.0, shape), jnp.float32)
   gamma = jnp.asarray(rng.normal(1.0, 0.3, channels), jnp.float32)
   beta = jnp.asarray(rng.normal(0.0, 0.3, channels), jnp.float32)
+  bias = {} if case.pure_bias else dict(use_bias=True)  # (jaxnorm's RMSNorm bias)
   if api == "linen":
     variables = {"params": {"scale": gamma, "bias": beta}}
-    if norm == "batch":
+    if case.running_stats:
       variables["batch_stats"] = {"mean": jnp.zeros(channels), "var": jnp.ones(channels)}
-    y = linen.apply(variables, x, mutable=["batch_stats"])[0]
+    y = case.linen(layout, **bias).apply(variables, x, mutable=["batch_stats"])[0]
   else:
-    module = make_nnx(channels)
+    module = case.nnx(channels, layout, **bias)
     module.scale[...], module.bias[...] = gamma, beta
     y = module(x)
-  expected = expected_fn(np.asarray(x), np.asarray(gamma), np.asarray(beta))
+  expected = case.reference(np.asarray(x), np.asarray(gamma), np.asarray(beta), layout)
   np.testing.assert_allclose(np.asarray(y), expected, atol=2e-5)
 
 

@@ -1,5 +1,7 @@
 """Every norm × layout × dtype × eager/jit against the float64 NumPy reference."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,65 +9,32 @@ import pytest
 
 import jaxnorm
 from tests import reference as ref
+from tests.cases import CASES, LAYOUTS
 
-SHAPES = {"nhwc": (3, 5, 4, 8), "nchw": (3, 8, 5, 4), "btd": (3, 6, 8)}
-CHANNEL = {"nhwc": -1, "nchw": 1, "btd": -1}
 # Tolerances on outputs of order 1–5, against a reference fed the same rounded input.
 ATOL = {jnp.float32: 2e-5, jnp.bfloat16: 6e-2, jnp.float16: 8e-3}
-
-
-def _cases():
-  """(norm, layout) -> (jaxnorm call, reference call), both taking (x, gamma, beta)."""
-  out = {}
-  for layout, c in CHANNEL.items():
-    ndim = len(SHAPES[layout])
-    spatial = tuple(a for a in range(1, ndim) if a != c % ndim)
-    out["batch", layout] = (
-      lambda x, g, b, c=c: jaxnorm.batch_norm(x, g, b, axis=c)[0],
-      lambda x, g, b, c=c: ref.batch_norm(x, g, b, axis=c)[0],
-    )
-    red = tuple(range(1, ndim)) if layout != "btd" else (-1,)
-    out["layer", layout] = (
-      lambda x, g, b, c=c, red=red: jaxnorm.layer_norm(x, g, b, reduction_axes=red, feature_axes=c),
-      lambda x, g, b, c=c, red=red: ref.layer_norm(x, g, b, red, c),
-    )
-    out["instance", layout] = (
-      lambda x, g, b, c=c: jaxnorm.instance_norm(x, g, b, feature_axes=c),
-      lambda x, g, b, c=c: ref.instance_norm(x, g, b, channel_axis=c),
-    )
-    out["group", layout] = (
-      lambda x, g, b, c=c: jaxnorm.group_norm(x, g, b, num_groups=4, feature_axis=c),
-      lambda x, g, b, c=c: ref.group_norm(x, 4, g, b, channel_axis=c),
-    )
-    out["rms", layout] = (
-      lambda x, g, b, c=c: jaxnorm.rms_norm(x, g, b, reduction_axes=c, feature_axes=c),
-      lambda x, g, b, c=c: ref.rms_norm(x, g, b, axes=c),
-    )
-    del spatial
-  return out
-
-
-CASES = _cases()
+GRID = [(case, layout) for case in CASES for layout in LAYOUTS]
+GRID_IDS = [f"{case.name}-{layout}" for case, layout in GRID]
 
 
 @pytest.mark.parametrize("use_jit", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize(
   "dtype", [jnp.float32, jnp.bfloat16, jnp.float16], ids=["f32", "bf16", "f16"]
 )
-@pytest.mark.parametrize("norm,layout", sorted(CASES))
-def test_matches_reference(norm, layout, dtype, use_jit, rng):
-  ours, theirs = CASES[norm, layout]
-  shape = SHAPES[layout]
-  channels = shape[CHANNEL[layout]]
+@pytest.mark.parametrize("case,layout", GRID, ids=GRID_IDS)
+def test_matches_reference(case, layout, dtype, use_jit, rng):
+  shape, channel = LAYOUTS[layout]
+  channels = shape[channel]
   x = jnp.asarray(rng.normal(1.5, 2.0, shape), dtype)
   gamma = jnp.asarray(rng.normal(1.0, 0.3, channels), jnp.float32)
   beta = jnp.asarray(rng.normal(0.0, 0.3, channels), jnp.float32)
-  fn = jax.jit(ours) if use_jit else ours
-  y = fn(x, gamma, beta)
+  fn = functools.partial(case.call, layout=layout)
+  y = (jax.jit(fn) if use_jit else fn)(x, gamma, beta)
   # Flax's dtype rule: the input promoted with the float32 parameters.
   assert y.dtype == jnp.result_type(dtype, jnp.float32)
   assert y.shape == x.shape
-  expected = theirs(np.asarray(x.astype(jnp.float32)), np.asarray(gamma), np.asarray(beta))
+  x64 = np.asarray(x.astype(jnp.float32))
+  expected = case.reference(x64, np.asarray(gamma), np.asarray(beta), layout)
   np.testing.assert_allclose(np.asarray(y, np.float64), expected, atol=ATOL[dtype], rtol=0)
 
 
