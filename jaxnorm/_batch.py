@@ -103,6 +103,18 @@ def check_renorm_schedule(
       )
 
 
+def check_step(momentum: Any, num_batches_tracked: Any = None) -> None:
+  """A BatchNorm step's momentum: in [0, 1] when concrete, or None (PyTorch's cumulative
+  average) with the counter of updates."""
+  if momentum is not None:
+    check_momentum(momentum)
+  elif num_batches_tracked is None:
+    raise ValueError(
+      "momentum=None (PyTorch's cumulative average) needs the num_batches_tracked counter; "
+      "give a momentum in [0, 1] (PyTorch's m is 1 - m here) or the counter."
+    )
+
+
 def _given_statistics(x_shape: tuple[int, ...], cfg: Config, mean: Any, var: Any) -> list[Any]:
   """``mean`` and ``var`` checked against the statistics' shape of an ``x_shape`` input,
   in ``cfg.dtype`` (a real variance stays real) and shaped to broadcast against ``x``."""
@@ -121,11 +133,12 @@ def _given_statistics(x_shape: tuple[int, ...], cfg: Config, mean: Any, var: Any
   return out
 
 
-def _config(
+def batch_config(
   x: jax.Array, axis: Axes, reduction_axes: Axes | None, *operands: Any, **options: Any
 ) -> Config:
-  """The :class:`Config` of a BatchNorm-family call (``options``: dtype,
-  force_float32_reductions, axis_name, axis_index_groups)."""
+  """The :class:`Config` of a BatchNorm-family call, for the pure functions (``options``:
+  dtype, force_float32_reductions, axis_name, axis_index_groups); a module that has its
+  axes already builds it with :func:`~jaxnorm._config.configure`."""
   features, reduced = batch_norm_axes(x.ndim, axis, reduction_axes)
   return configure(x, reduced, features, *operands, **options)
 
@@ -201,6 +214,12 @@ def _ghost(virtual_batch_size: Any) -> Training:
   return train
 
 
+def training(virtual_batch_size: int | None = None) -> Training:
+  """BatchNorm's training normalization: the whole batch, or ghost batches of
+  ``virtual_batch_size`` examples."""
+  return _plain if virtual_batch_size is None else _ghost(virtual_batch_size)
+
+
 def _check_virtual_batch_size(virtual_batch_size: Any, batch: int, axis: int) -> int:
   """``virtual_batch_size`` as an int that divides ``batch``, or a clear error."""
   if isinstance(virtual_batch_size, bool) or not isinstance(virtual_batch_size, int | jnp.integer):
@@ -254,7 +273,7 @@ def _renorm(r_max: Any, d_max: Any) -> Training:
 # --- the layer step ----------------------------------------------------------------------
 
 
-def _step(
+def step(
   train: Training,
   x: jax.Array,
   scale: Any,
@@ -399,13 +418,12 @@ def batch_norm(
         "batch_norm got only one of mean and var; pass both (inference with given "
         "statistics) or neither (training with the batch's statistics)."
       )
-    cfg = _config(x, axis, reduction_axes, scale, bias, mean, dtype=dtype,
+    cfg = batch_config(x, axis, reduction_axes, scale, bias, mean, dtype=dtype,
                   force_float32_reductions=force_float32_reductions, axis_name=axis_name,
                   axis_index_groups=axis_index_groups)  # fmt: skip
     if mean is not None:
       return _infer(x, scale, bias, mean, var, cfg, epsilon)
-    train = _plain if virtual_batch_size is None else _ghost(virtual_batch_size)
-    y, stats, pool = train(x, scale, bias, None, cfg, epsilon, mask)
+    y, stats, pool = training(virtual_batch_size)(x, scale, bias, None, cfg, epsilon, mask)
     return y, pool(stats)
 
 
@@ -484,23 +502,18 @@ def batch_norm_step(
   >>> mean.tolist(), var.tolist()
   ([1.0, 10.0], [1.0, 50.5])
   """
-  if momentum is not None:
-    check_momentum(momentum)
-  elif num_batches_tracked is None:
-    raise ValueError(
-      "momentum=None (PyTorch's cumulative average) needs the num_batches_tracked counter; "
-      "give a momentum in [0, 1] (PyTorch's m is 1 - m here) or the counter."
-    )
+  check_step(momentum, num_batches_tracked)
   x = jnp.asarray(x)
   given = running_mean if use_running_average else None  # (its dtype joins at inference)
-  cfg = _config(x, axis, reduction_axes, scale, bias, given, dtype=dtype,
+  cfg = batch_config(x, axis, reduction_axes, scale, bias, given, dtype=dtype,
                 force_float32_reductions=force_float32_reductions, axis_name=axis_name,
                 axis_index_groups=axis_index_groups)  # fmt: skip
-  train = _plain if virtual_batch_size is None else _ghost(virtual_batch_size)
-  return _step(train, x, scale, bias, (running_mean, running_var), cfg, epsilon, mask,
-               use_running_average=use_running_average, initializing=initializing,
-               momentum=momentum, unbiased=unbiased_running_var,
-               counter=num_batches_tracked)  # fmt: skip
+  train = training(virtual_batch_size)
+  running = (running_mean, running_var)
+  return step(train, x, scale, bias, running, cfg, epsilon, mask,
+              use_running_average=use_running_average, initializing=initializing,
+              momentum=momentum, unbiased=unbiased_running_var,
+              counter=num_batches_tracked)  # fmt: skip
 
 
 def renorm_limits(
@@ -588,11 +601,17 @@ def batch_renorm(
   """
   with jax.named_scope("jaxnorm.batch_renorm"):
     x = jnp.asarray(x)
-    cfg = _config(x, axis, reduction_axes, scale, bias, dtype=dtype,
+    cfg = batch_config(x, axis, reduction_axes, scale, bias, dtype=dtype,
                   force_float32_reductions=force_float32_reductions, axis_name=axis_name,
                   axis_index_groups=axis_index_groups)  # fmt: skip
     y, stats, _ = _renorm(r_max, d_max)(x, scale, bias, (mean, var), cfg, epsilon, mask)
     return y, stats
+
+
+def renorm_training(steps: Any, **schedule: Any) -> Training:
+  """Batch Renorm's training normalization at the limits :func:`renorm_limits` gives at
+  ``steps`` (``schedule``: its keywords)."""
+  return _renorm(*renorm_limits(steps, **schedule))
 
 
 # batch_norm_step's keywords that Batch Renorm's step takes too.
@@ -640,17 +659,18 @@ def batch_renorm_step(
       f"BatchNorm's (batch_norm_step)."
     )
   check_momentum(options.get("momentum", 0.99))
-  limits = renorm_limits(steps, r_max=r_max, d_max=d_max, warmup_steps=warmup_steps,
-                         r_max_steps=r_max_steps, d_max_steps=d_max_steps)  # fmt: skip
+  schedule = dict(r_max=r_max, d_max=d_max, warmup_steps=warmup_steps,
+                  r_max_steps=r_max_steps, d_max_steps=d_max_steps)  # fmt: skip
   x = jnp.asarray(x)
   use_ra = options.pop("use_running_average")
   axes = (options.pop("axis", -1), options.pop("reduction_axes", None))
   epsilon, mask = options.pop("epsilon", 1e-5), options.pop("mask", None)
   momentum, initializing = options.pop("momentum", 0.99), options.pop("initializing", False)
-  cfg = _config(x, *axes, scale, bias, running_mean if use_ra else None, **options)
-  y, new = _step(_renorm(*limits), x, scale, bias, (running_mean, running_var), cfg, epsilon,
-                 mask, use_running_average=use_ra, initializing=initializing,
-                 momentum=momentum)  # fmt: skip
+  cfg = batch_config(x, *axes, scale, bias, running_mean if use_ra else None, **options)
+  train, running = renorm_training(steps, **schedule), (running_mean, running_var)
+  y, new = step(train, x, scale, bias, running, cfg, epsilon, mask,
+                use_running_average=use_ra, initializing=initializing,
+                momentum=momentum)  # fmt: skip
   if new is None:
     return y, None
   return y, (new[0], new[1], jnp.asarray(steps) + 1)
@@ -688,7 +708,7 @@ def frozen_batch_norm(
   [[0.0, 2.0]]
   """
   x = jnp.asarray(x)
-  cfg = _config(x, axis, reduction_axes, scale, bias, mean, dtype=dtype,
+  cfg = batch_config(x, axis, reduction_axes, scale, bias, mean, dtype=dtype,
                 force_float32_reductions=force_float32_reductions)  # fmt: skip
   gamma, beta, mu, sigma2 = (None if a is None else lax.stop_gradient(a)
                              for a in (scale, bias, mean, var))  # fmt: skip

@@ -30,12 +30,15 @@ from jax.nn import initializers
 from jaxnorm import _norms as F
 from jaxnorm._axes import Axes, batch_norm_axes, canonicalize_axes, channel_axis, kept_shape
 from jaxnorm._batch import (
-  batch_norm_step,
-  batch_renorm_step,
+  check_step,
   check_track_running_stats,
   counts_batches,
   frozen_batch_norm,
+  renorm_training,
+  step,
+  training,
 )
+from jaxnorm._config import Config, configure
 from jaxnorm._dtypes import running_stats_dtypes
 
 Initializer = Any
@@ -81,6 +84,19 @@ def _batch_norm_variables(module: Any, x: jax.Array) -> tuple[Any, ...]:
     ra_var = module.variable("batch_stats", "var", jnp.ones, stats_shape, var_dtype)
   scale, bias = _affine_params(module, tuple(x.shape[a] for a in features), module.use_bias)
   return features, reduced, ra_mean, ra_var, scale, bias
+
+
+def _batch_config(module: Any, x: jax.Array, use_ra: bool, variables: tuple) -> Config:
+  """A BatchNorm-family module's :class:`~jaxnorm._config.Config`, built once from its
+  ``_batch_norm_variables``: axes, devices, dtypes (the running mean joins the dtypes at
+  inference, as in Flax)."""
+  features, reduced, ra_mean, _, scale, bias = variables
+  given = ra_mean.value if use_ra and ra_mean is not None else None
+  return configure(
+    x, reduced, features, scale, bias, given, dtype=module.dtype,
+    force_float32_reductions=module.force_float32_reductions, axis_name=module.axis_name,
+    axis_index_groups=module.axis_index_groups,
+  )  # fmt: skip
 
 
 def _common(module: Any, mask: jax.Array | None) -> dict[str, Any]:
@@ -185,26 +201,20 @@ class BatchNorm(nn.BatchNorm):
     if self.track_running_stats:
       use_ra = _merge_use_running_average(self.use_running_average, use_running_average)
     x = jnp.asarray(x)
-    features, reduced, ra_mean, ra_var, scale, bias = _batch_norm_variables(self, x)
+    variables = _batch_norm_variables(self, x)
+    _, _, ra_mean, ra_var, scale, bias = variables
     tracked = None
     if counts_batches(self):
       tracked = self.variable("batch_stats", "num_batches_tracked", jnp.zeros, (), jnp.int32)
-    y, updated = batch_norm_step(
-      x,
-      scale,
-      bias,
-      None if ra_mean is None else ra_mean.value,
-      None if ra_var is None else ra_var.value,
-      use_running_average=use_ra,
-      momentum=self.momentum,
-      initializing=self.is_initializing(),
-      axis=features,
-      reduction_axes=reduced,
-      **_common(self, mask),
-      virtual_batch_size=self.virtual_batch_size,
-      unbiased_running_var=self.unbiased_running_var,
-      num_batches_tracked=None if tracked is None else tracked.value,
-    )
+    counter = None if tracked is None else tracked.value
+    check_step(self.momentum, counter)
+    cfg = _batch_config(self, x, use_ra, variables)
+    running = (None, None) if ra_mean is None else (ra_mean.value, ra_var.value)
+    y, updated = step(
+      training(self.virtual_batch_size), x, scale, bias, running, cfg, self.epsilon, mask,
+      use_running_average=use_ra, initializing=self.is_initializing(),
+      momentum=self.momentum, unbiased=self.unbiased_running_var, counter=counter,
+    )  # fmt: skip
     if updated is not None:  # (None without running statistics)
       ra_mean.value, ra_var.value = updated[:2]
       if tracked is not None:
@@ -266,29 +276,21 @@ class BatchRenorm(nn.BatchNorm):
     :meth:`BatchNorm.__call__`."""
     use_ra = _merge_use_running_average(self.use_running_average, use_running_average)
     x = jnp.asarray(x)
-    features, reduced, ra_mean, ra_var, scale, bias = _batch_norm_variables(self, x)
+    variables = _batch_norm_variables(self, x)
+    _, _, ra_mean, ra_var, scale, bias = variables
     steps = self.variable("batch_stats", "steps", jnp.zeros, (), jnp.int32)
-    y, updated = batch_renorm_step(
-      x,
-      scale,
-      bias,
-      ra_mean.value,
-      ra_var.value,
-      steps.value,
-      use_running_average=use_ra,
-      momentum=self.momentum,
-      initializing=self.is_initializing(),
-      r_max=self.r_max,
-      d_max=self.d_max,
-      warmup_steps=self.warmup_steps,
-      r_max_steps=self.r_max_steps,
-      d_max_steps=self.d_max_steps,
-      axis=features,
-      reduction_axes=reduced,
-      **_common(self, mask),
-    )
+    check_step(self.momentum)
+    cfg = _batch_config(self, x, use_ra, variables)
+    schedule = dict(r_max=self.r_max, d_max=self.d_max, warmup_steps=self.warmup_steps,
+                    r_max_steps=self.r_max_steps, d_max_steps=self.d_max_steps)  # fmt: skip
+    y, updated = step(
+      renorm_training(steps.value, **schedule), x, scale, bias, (ra_mean.value, ra_var.value),
+      cfg, self.epsilon, mask, use_running_average=use_ra,
+      initializing=self.is_initializing(), momentum=self.momentum,
+    )  # fmt: skip
     if updated is not None:
-      ra_mean.value, ra_var.value, steps.value = updated
+      ra_mean.value, ra_var.value = updated
+      steps.value = steps.value + 1
     return y
 
 

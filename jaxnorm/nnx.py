@@ -43,13 +43,16 @@ from jax.nn import initializers
 from jaxnorm import _norms as F
 from jaxnorm._axes import Axes, batch_norm_axes, canonicalize_axes, kept_shape
 from jaxnorm._batch import (
-  batch_norm_step,
-  batch_renorm_step,
   check_renorm_schedule,
+  check_step,
   check_track_running_stats,
   counts_batches,
   frozen_batch_norm,
+  renorm_training,
+  step,
+  training,
 )
+from jaxnorm._config import configure
 from jaxnorm._dtypes import running_stats_dtypes
 from jaxnorm.fold import batch_norm_labels
 
@@ -206,19 +209,14 @@ class BatchNorm(nnx.BatchNorm):
   ) -> jax.Array:
     """Normalizes ``x`` with the batch statistics (training, updating the running averages)
     or with the running averages; ``use_running_average`` overrides the attribute."""
-    use_ra, x, args, features, reduced = self._prepare(x, use_running_average)
-    y, updated = batch_norm_step(
-      x,
-      *args,
-      use_running_average=use_ra,
-      momentum=self.momentum,
-      axis=features,
-      reduction_axes=reduced,
-      virtual_batch_size=self.virtual_batch_size,
-      unbiased_running_var=self.unbiased_running_var,
-      num_batches_tracked=self.num_batches_tracked[...] if counts_batches(self) else None,
-      **_common(self, mask),
-    )
+    use_ra, x, (scale, bias, *running), cfg = self._prepare(x, use_running_average)
+    counter = self.num_batches_tracked[...] if counts_batches(self) else None
+    check_step(self.momentum, counter)
+    y, updated = step(
+      training(self.virtual_batch_size), x, scale, bias, tuple(running), cfg, self.epsilon,
+      mask, use_running_average=use_ra, initializing=False, momentum=self.momentum,
+      unbiased=self.unbiased_running_var, counter=counter,
+    )  # fmt: skip
     self._store(updated)
     if updated is not None and counts_batches(self):
       self.num_batches_tracked[...] = updated[2]
@@ -226,7 +224,8 @@ class BatchNorm(nnx.BatchNorm):
 
   def _prepare(self, x, use_running_average):
     """The mode, the promoted input, ``(scale, bias, mean, var)`` laid onto its axes, and
-    the feature and reduction axes: what every BatchNorm-family call starts with."""
+    the call's :class:`~jaxnorm._config.Config`: what every BatchNorm-family call starts
+    with."""
     use_ra = _use_running_average(use_running_average, self.use_running_average)
     stored = (_read(self.mean), _read(self.var))
     x, mean, var, scale, bias = self.promote_dtype(
@@ -245,8 +244,13 @@ class BatchNorm(nnx.BatchNorm):
     # Inference normalizes with the promoted statistics (as flax.nnx); training updates the
     # stored ones, in their own dtype.
     running = (mean, var) if use_ra else stored
-    args = (*_onto_features(x, features, scale, bias), *(_onto(s, shape) for s in running))
-    return use_ra, x, args, features, reduced
+    params = tuple(_onto(p, tuple(jnp.shape(x)[a] for a in features)) for p in (scale, bias))
+    args = (*params, *(_onto(s, shape) for s in running))
+    cfg = configure(
+      x, reduced, features, *params, args[2] if use_ra else None, dtype=self.dtype,
+      axis_name=self.axis_name, axis_index_groups=self.axis_index_groups,
+    )  # fmt: skip
+    return use_ra, x, args, cfg
 
   def _store(self, updated):
     """Writes a training step's new running statistics (None: nothing to write)."""
@@ -314,28 +318,18 @@ class BatchRenorm(BatchNorm):
   ) -> jax.Array:
     """Renormalized batch statistics in training (updating ``mean``, ``var``, ``steps``),
     the running averages otherwise; ``use_running_average`` overrides the attribute."""
-    use_ra, x, (scale, bias, mean, var), features, reduced = self._prepare(x, use_running_average)
-    y, updated = batch_renorm_step(
-      x,
-      scale,
-      bias,
-      mean,
-      var,
-      self.steps[...],
-      use_running_average=use_ra,
+    use_ra, x, (scale, bias, mean, var), cfg = self._prepare(x, use_running_average)
+    check_step(self.momentum)
+    schedule = dict(r_max=self.r_max, d_max=self.d_max, warmup_steps=self.warmup_steps,
+                    r_max_steps=self.r_max_steps, d_max_steps=self.d_max_steps)  # fmt: skip
+    y, updated = step(
+      renorm_training(self.steps[...], **schedule), x, scale, bias, (mean, var), cfg,
+      self.epsilon, mask, use_running_average=use_ra, initializing=False,
       momentum=self.momentum,
-      r_max=self.r_max,
-      d_max=self.d_max,
-      warmup_steps=self.warmup_steps,
-      r_max_steps=self.r_max_steps,
-      d_max_steps=self.d_max_steps,
-      axis=features,
-      reduction_axes=reduced,
-      **_common(self, mask),
-    )
+    )  # fmt: skip
     self._store(updated)
     if updated is not None:
-      self.steps[...] = updated[2]
+      self.steps[...] = self.steps[...] + 1
     return y
 
 
@@ -358,10 +352,11 @@ class FrozenBatchNorm(BatchNorm):
   ) -> jax.Array:
     """Normalizes ``x`` with the stored statistics; the arguments are accepted and unused."""
     del use_running_average, mask
-    _, x, args, features, reduced = self._prepare(x, True)
+    _, x, args, cfg = self._prepare(x, True)
     return frozen_batch_norm(
-      x, *args, axis=features, reduction_axes=reduced, epsilon=self.epsilon, dtype=self.dtype
-    )
+      x, *args, axis=cfg.features, reduction_axes=cfg.axes, epsilon=self.epsilon,
+      dtype=self.dtype,
+    )  # fmt: skip
 
 
 def freeze_batch_norm(
