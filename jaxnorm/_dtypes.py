@@ -79,11 +79,11 @@ def compute_dtype(
 ) -> np.dtype:
   """The dtype the kernel runs in: :func:`reduction_dtype` of ``x``, made complex when a
   parameter or statistic among ``operands`` is (Flax then returns complex too)."""
-  cdt = reduction_dtype(jnp.asarray(x).dtype, dtype, force_float32)
+  stats_dtype = reduction_dtype(jnp.asarray(x).dtype, dtype, force_float32)
   for a in operands:
     if a is not None and jnp.iscomplexobj(a):
-      cdt = jnp.promote_types(cdt, jnp.asarray(a).dtype)
-  return jnp.dtype(cdt)
+      stats_dtype = jnp.promote_types(stats_dtype, jnp.asarray(a).dtype)
+  return jnp.dtype(stats_dtype)
 
 
 def to_dtype(value: Any, dtype: Any) -> jax.Array:

@@ -285,16 +285,16 @@ def group_moments(
   # Half precision (force_float32_reductions=False) is summed in float32 and rounded at the
   # end, as jnp.mean does: a float16 sum of more than 65,504 ones overflows.
   x = x.astype(jnp.promote_types(out_dtype, jnp.float32))
-  cdt = count_dtype(x.dtype)
+  count_dt = count_dtype(x.dtype)
   if jnp.iscomplexobj(x) or x.size == 0:
     variance = Variance.TWO_PASS
   valid = None if mask is None else broadcast_mask(mask, x.shape)
   if valid is None:
     per_group = 1 if groups is None else x.shape[groups[0]] // groups[1]
     kept = tuple(1 if a in axes else d for a, d in enumerate(x.shape))
-    count = jnp.full(kept, math.prod(x.shape[a] for a in axes) * per_group, cdt)
+    count = jnp.full(kept, math.prod(x.shape[a] for a in axes) * per_group, count_dt)
   else:
-    count = group_sum(valid, axes, groups, dtype=cdt)
+    count = group_sum(valid, axes, groups, dtype=count_dt)
   inv_n = 1.0 / jnp.maximum(count, 1)
 
   def result(mean, var, count):
@@ -358,10 +358,10 @@ def moments(
   """
   x = jnp.asarray(x)
   axes = canonicalize_axes(axes, x.ndim)
-  cdt = reduction_dtype(x.dtype, dtype, force_float32_reductions)
+  stats_dtype = reduction_dtype(x.dtype, dtype, force_float32_reductions)
   groups = freeze_groups(axis_index_groups)
-  cfg = Config(axes, (), center, axis_name=axis_name, axis_index_groups=groups, dtype=cdt)
-  x = x.astype(cdt)
+  cfg = Config(axes, (), center, axis_name=axis_name, axis_index_groups=groups, dtype=stats_dtype)
+  x = x.astype(stats_dtype)
   stats = group_moments(x, mask, cfg, Variance.SHIFTED, shifts(x, axes))
   if keepdims:
     return stats

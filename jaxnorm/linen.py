@@ -40,6 +40,7 @@ from jaxnorm._batch import (
 )
 from jaxnorm._config import Config, configure
 from jaxnorm._dtypes import running_stats_dtypes
+from jaxnorm._stats import check_momentum
 
 Initializer = Any
 Dtype = Any
@@ -279,7 +280,7 @@ class BatchRenorm(nn.BatchNorm):
     variables = _batch_norm_variables(self, x)
     _, _, ra_mean, ra_var, scale, bias = variables
     steps = self.variable("batch_stats", "steps", jnp.zeros, (), jnp.int32)
-    check_step(self.momentum)
+    check_momentum(self.momentum)  # (a number: Batch Renorm keeps no counter)
     cfg = _batch_config(self, x, use_ra, variables)
     schedule = dict(r_max=self.r_max, d_max=self.d_max, warmup_steps=self.warmup_steps,
                     r_max_steps=self.r_max_steps, d_max_steps=self.d_max_steps)  # fmt: skip

@@ -54,6 +54,7 @@ from jaxnorm._batch import (
 )
 from jaxnorm._config import configure
 from jaxnorm._dtypes import running_stats_dtypes
+from jaxnorm._stats import check_momentum
 from jaxnorm.fold import batch_norm_labels
 
 __all__ = [
@@ -319,7 +320,7 @@ class BatchRenorm(BatchNorm):
     """Renormalized batch statistics in training (updating ``mean``, ``var``, ``steps``),
     the running averages otherwise; ``use_running_average`` overrides the attribute."""
     use_ra, x, (scale, bias, mean, var), cfg = self._prepare(x, use_running_average)
-    check_step(self.momentum)
+    check_momentum(self.momentum)  # (a number: Batch Renorm keeps no counter)
     schedule = dict(r_max=self.r_max, d_max=self.d_max, warmup_steps=self.warmup_steps,
                     r_max_steps=self.r_max_steps, d_max_steps=self.d_max_steps)  # fmt: skip
     y, updated = step(
