@@ -26,10 +26,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm._axes import Axes, batch_norm_axes, kept_shape
+from jaxnorm._axes import Axes, batch_norm_axes, complement
 from jaxnorm._config import Config, configure
-from jaxnorm._dtypes import to_dtype
-from jaxnorm._kernel import affine_normalize, affine_params, apply_statistics
+from jaxnorm._kernel import affine_normalize, affine_params, apply_statistics, operand
 from jaxnorm._stats import (
   Moments,
   broadcast_mask,
@@ -118,19 +117,13 @@ def check_step(momentum: Any, num_batches_tracked: Any = None) -> None:
 def _given_statistics(x_shape: tuple[int, ...], cfg: Config, mean: Any, var: Any) -> list[Any]:
   """``mean`` and ``var`` checked against the statistics' shape of an ``x_shape`` input,
   in ``cfg.dtype`` (a real variance stays real) and shaped to broadcast against ``x``."""
-  stats_shape = kept_shape(x_shape, cfg.axes)
-  bshape = tuple(1 if a in cfg.axes else d for a, d in enumerate(x_shape))
-  out = []
-  for name, s in (("mean", mean), ("var", var)):
-    s = jnp.asarray(s)
-    if s.shape != stats_shape:
-      raise ValueError(
-        f"{name} has shape {s.shape}, but the statistics of an input of shape {x_shape} "
-        f"reduced over {cfg.axes} have shape {stats_shape}; pass running statistics of "
-        f"that shape (were they made with another axis or input layout?)."
-      )
-    out.append(to_dtype(s, cfg.dtype).reshape(bshape))
-  return out
+  error = (
+    f"{{name}} has shape {{got}}, but the statistics of an input of shape {tuple(x_shape)} "
+    f"reduced over {cfg.axes} have shape {{want}}; pass running statistics of that shape "
+    f"(were they made with another axis or input layout?)."
+  )
+  kept = complement(cfg.axes, len(x_shape))
+  return [operand(n, s, x_shape, kept, cfg.dtype, error) for n, s in (("mean", mean), ("var", var))]
 
 
 def batch_config(

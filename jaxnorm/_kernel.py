@@ -78,26 +78,34 @@ def check_epsilon(epsilon: Any) -> Any:
   return eps
 
 
+def operand(
+  name: str, value: Any, x_shape: tuple[int, ...], axes: tuple[int, ...], dtype: Any, error: str
+) -> jax.Array:
+  """``value``, one entry per index of ``x_shape``'s ``axes``, in ``dtype`` (a real value
+  stays real) and shaped to broadcast against ``x``: a parameter or a given statistic. A
+  value of another shape raises ``error`` formatted with ``name``, ``got`` and ``want``."""
+  want = tuple(x_shape[a] for a in axes)
+  value = jnp.asarray(value)
+  if value.shape != want:
+    raise ValueError(error.format(name=name, got=value.shape, want=want))
+  return to_dtype(value.reshape(broadcast_shape(x_shape, axes)), dtype)
+
+
 def affine_params(
   scale: Any, bias: Any, x_shape: tuple[int, ...], cfg: Config
 ) -> tuple[jax.Array | None, jax.Array | None]:
   """``(γ, β)`` checked against the feature shape of an ``x_shape`` input (one value per
-  feature along ``cfg.features``), in ``cfg.dtype`` (real ones in its real dtype), shaped
-  to broadcast against ``x``; None stays None."""
-  want = tuple(x_shape[a] for a in cfg.features)
-  out = []
-  for name, value in (("scale", scale), ("bias", bias)):
-    if value is not None:
-      value = jnp.asarray(value)
-      if value.shape != want:
-        raise ValueError(
-          f"{name} has shape {value.shape}, but an input of shape {tuple(x_shape)} has "
-          f"features of shape {want} along feature axes {cfg.features}; pass a {name} of "
-          f"shape {want} (one value per feature) or change the feature axes."
-        )
-      value = to_dtype(value.reshape(broadcast_shape(x_shape, cfg.features)), cfg.dtype)
-    out.append(value)
-  return out[0], out[1]
+  feature along ``cfg.features``), in ``cfg.dtype``, shaped to broadcast; None stays None."""
+  error = (
+    f"{{name}} has shape {{got}}, but an input of shape {tuple(x_shape)} has features of "
+    f"shape {{want}} along feature axes {cfg.features}; pass a {{name}} of shape {{want}} "
+    f"(one value per feature) or change the feature axes."
+  )
+  gamma, beta = (
+    None if v is None else operand(n, v, x_shape, cfg.features, cfg.dtype, error)
+    for n, v in (("scale", scale), ("bias", bias))
+  )
+  return gamma, beta
 
 
 def inverse_std(var: jax.Array, epsilon: Any, epsilon_in_root: bool = True) -> jax.Array:
