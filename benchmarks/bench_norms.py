@@ -17,11 +17,18 @@ gradients w.r.t. the input and the parameters), each jit-compiled:
 Add & Norm is jaxnorm's fused call (``LayerNorm(...)(x, residual=r)``, the residual stream
 in float32) against Flax's separate ``h = x + r`` and norm.
 
+The peers, in the same interleaved loop where installed (``pip install -e ".[bench]"``;
+:mod:`peers`): Equinox (LayerNorm, RMSNorm, GroupNorm, InstanceNorm as one group per
+channel), Haiku (all five) and tokamax's ``layer_norm`` (LayerNorm and RMSNorm rows; on a
+GPU also its ``"triton"`` kernel). Each is first checked to compute Flax's output; the
+tables give every implementation's time and jaxnorm's against the best peer (the fastest of
+Flax and the libraries).
+
 Writes ``bench_norms.json``, ``bench_norms.md`` (tables) and ``bench_norms.png`` into
 ``--out`` and says which device it measured; runs unchanged on a GPU or TPU.
 
   python benchmarks/bench_norms.py [--out benchmarks/results] [--repeats 15] [--quick]
-      [--dtypes float32 bfloat16] [--only layer/tfm768 group]
+      [--dtypes float32 bfloat16] [--only layer/tfm768 group] [--no-peers]
 """
 
 from __future__ import annotations
@@ -39,6 +46,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxnorm
+
+try:  # run as a script: benchmarks/ is on the path
+  import peers
+except ImportError:  # imported as benchmarks.bench_norms
+  from benchmarks import peers
 
 SHAPES = {
   "tfm768": (16, 512, 768),
@@ -142,8 +154,9 @@ def inputs(kind, shape, dtype):
   return (x, residual), (cot, jax.random.normal(jax.random.key(4), shape, jnp.float32))
 
 
-def build(kind, x, dtype):
-  """Returns {impl: (forward, fwd+bwd, args)} for jaxnorm, flax and plain jnp."""
+def build(kind, x, dtype, cot, libs=None):
+  """Returns {impl: (forward, fwd+bwd, args, cotangent)} for jaxnorm, flax, plain jnp and
+  the peers in ``libs`` (:mod:`peers`; each is first checked to compute Flax's output)."""
   add = kind.startswith("add_")
   x0 = x[0] if add else x
   impls = {}
@@ -175,6 +188,10 @@ def build(kind, x, dtype):
   if kind == "batch_eval":
     rest = {"mean": jnp.full(x0.shape[-1], 0.1), "var": jnp.full(x0.shape[-1], 1.5)}
   impls["jnp"] = (lambda p, x, rest: plain({**p, **rest}, x), params, rest)
+  inputs_of = {name: (x, cot) for name in impls}
+  for name, (forward, params, rest, layout) in peers.build(kind, x, dtype, libs or {}).items():
+    impls[name] = (forward, params, rest)
+    inputs_of[name] = jax.tree_util.tree_map(layout, (x, cot))
 
   # Running statistics are arguments of the compiled step, as in a real training or
   # evaluation step (closed over, XLA would fold them into constants).
@@ -185,8 +202,25 @@ def build(kind, x, dtype):
       y, vjp = jax.vjp(lambda p, x: forward(p, x, rest), params, x)
       return y, vjp(cot)
 
-    out[name] = (jax.jit(forward), jax.jit(fwd_bwd), (params, x, rest))
+    x_in, cot_in = inputs_of[name]
+    out[name] = (jax.jit(forward), jax.jit(fwd_bwd), (params, x_in, rest), cot_in)
+  _check_peers(kind, out, dtype)
   return out
+
+
+def _check_peers(kind, impls, dtype):
+  """Every implementation computes Flax's output (to the dtype's rounding): a timing of
+  something else would mean nothing."""
+  fwd, _, args, _ = impls["flax"]
+  want = jax.tree_util.tree_leaves(fwd(*args))[0]
+  tol = 2e-4 if dtype == jnp.float32 else 6e-2
+  for name, (fwd, _, args, _) in impls.items():
+    got = jax.tree_util.tree_leaves(fwd(*args))[0]
+    if got.shape != want.shape:  # (channels first)
+      got = jnp.moveaxis(got, 1, -1)
+    err = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32))))
+    if not err <= tol:
+      raise AssertionError(f"{name} {kind}: max |y − flax's y| = {err:.3g} > {tol}")
 
 
 def floors(x):
@@ -230,7 +264,7 @@ def geomean(values):
   return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
-def run(shapes, repeats, dtypes, only=None):
+def run(shapes, repeats, dtypes, only=None, libs=None):
   rows = []
   for dtype_name in dtypes:
     dtype = DTYPES[dtype_name]
@@ -239,11 +273,11 @@ def run(shapes, repeats, dtypes, only=None):
         continue
       x, cot = inputs(kind, shapes[shape_name], dtype)
       x0 = x[0] if isinstance(x, tuple) else x
-      impls = build(kind, x, dtype)
+      impls = build(kind, x, dtype, cot, libs)
       floor = floors(x0)
       for p, pass_name in ((0, "forward"), (1, "fwd+bwd")):
         fns = {name: impl[p] for name, impl in impls.items()}
-        args = {name: impl[2] + ((cot,) if p else ()) for name, impl in impls.items()}
+        args = {name: impl[2] + ((impl[3],) if p else ()) for name, impl in impls.items()}
         calls = {n: (lambda f=fns[n], a=args[n]: f(*a)) for n in fns}
         medians = timed({**calls, "floor": floor[pass_name]}, repeats)
         row = dict(
@@ -257,13 +291,18 @@ def run(shapes, repeats, dtypes, only=None):
         row["ratio_time"] = row["jaxnorm"]["ms"] / row["flax"]["ms"]
         row["ratio_bytes"] = row["jaxnorm"]["bytes_x"] / row["flax"]["bytes_x"]
         row["jnp_ratio_time"] = row["jnp"]["ms"] / row["flax"]["ms"]
+        # The best peer: Flax and every library of the suite (not the hand-written jnp).
+        best = min((n for n in fns if n not in ("jaxnorm", "jnp")), key=lambda n: row[n]["ms"])
+        row["best_peer"] = best
+        row["ratio_best_peer"] = row["jaxnorm"]["ms"] / row[best]["ms"]
         rows.append(row)
         print(
           f"{dtype_name:8s} {kind:12s} {shape_name:8s} {pass_name:8s} "
           f"time {row['ratio_time']:.3f}  bytes {row['ratio_bytes']:.3f}  "
           f"floor x{row['jaxnorm']['floor_x']:.2f} (flax x{row['flax']['floor_x']:.2f})  "
           f"(jaxnorm {row['jaxnorm']['bytes_x']:.1f}|x|, flax {row['flax']['bytes_x']:.1f}|x|, "
-          f"temp {row['jaxnorm']['temp_x']:.1f} vs {row['flax']['temp_x']:.1f}|x|)",
+          f"temp {row['jaxnorm']['temp_x']:.1f} vs {row['flax']['temp_x']:.1f}|x|)  "
+          f"best peer {best} x{row['ratio_best_peer']:.3f}",
           flush=True,
         )
   return rows
@@ -287,6 +326,8 @@ def summarize(rows):
         max_floor=max((r["jaxnorm"]["floor_x"] for r in norms), default=float("nan")),
         max_time=max((r["ratio_time"] for r in sel), default=float("nan")),
         add_norm_time=geomean([r["ratio_time"] for r in adds]),
+        best_peer_time=geomean([r["ratio_best_peer"] for r in norms]),
+        max_best_peer=max((r["ratio_best_peer"] for r in sel), default=float("nan")),
         max_temp_excess_x=max(
           (r["jaxnorm"]["temp_x"] - r["flax"]["temp_x"] for r in sel), default=float("nan")
         ),
@@ -323,20 +364,38 @@ def write(out_dir, rows, summary, device, args):
       f"{j['floor_x']:.2f}, {fl['floor_x']:.2f} | {j['bytes_x']:.1f}, {fl['bytes_x']:.1f} | "
       f"{j['temp_x']:.1f}, {fl['temp_x']:.1f} |"
     )
+  impl_names = _implementations(rows)
+  lines += [
+    "",
+    "Every implementation, ms (— where a library has no such norm); the best peer is the "
+    "fastest of Flax and the libraries (not the hand-written jnp):",
+    "",
+    "| dtype | norm | shape | pass | " + " | ".join(impl_names) + " | jaxnorm / best peer |",
+    "|---|---|---|---|" + "---|" * (len(impl_names) + 1),
+  ]
+  for r in rows:
+    cells = [f"{r[n]['ms']:.2f}" if n in r else "—" for n in impl_names]
+    lines.append(
+      f"| {r['dtype']} | {r['norm']} | {'×'.join(map(str, r['dims']))} | {r['pass_']} | "
+      + " | ".join(cells)
+      + f" | {r['ratio_best_peer']:.3f} ({r['best_peer']}) |"
+    )
   lines += [
     "",
     "Geometric means over the norms (Add & Norm apart):",
     "",
     "| dtype, pass | time jaxnorm/flax | bytes jaxnorm/flax | floor × jaxnorm (flax) | "
     "worst floor × | worst time ratio (any case) | Add & Norm time / flax add + norm | "
-    "time jnp/flax | largest excess of temporaries over flax (×\\|x\\|) |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "time jnp/flax | largest excess of temporaries over flax (×\\|x\\|) | "
+    "time jaxnorm / best peer | worst case jaxnorm / best peer |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for key, s in summary.items():
     lines.append(
       f"| {key} | {s['time']:.3f} | {s['bytes']:.3f} | {s['floor']:.2f} ({s['flax_floor']:.2f})"
       f" | {s['max_floor']:.2f} | {s['max_time']:.3f} | {s['add_norm_time']:.3f} | "
-      f"{s['jnp_time']:.3f} | {s['max_temp_excess_x']:+.4f} |"
+      f"{s['jnp_time']:.3f} | {s['max_temp_excess_x']:+.4f} | {s['best_peer_time']:.3f} | "
+      f"{s['max_best_peer']:.3f} |"
     )
   with open(os.path.join(out_dir, "bench_norms.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
@@ -347,24 +406,33 @@ def write(out_dir, rows, summary, device, args):
   import matplotlib.pyplot as plt
 
   dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
-  fig, axes = plt.subplots(len(dtypes), 2, figsize=(14, 4.8 * len(dtypes)), squeeze=False)
+  fig, axes = plt.subplots(len(dtypes), 2, figsize=(16, 5 * len(dtypes)), squeeze=False)
+  width = 0.8 / len(impl_names)
   for row_axes, dtype_name in zip(axes, dtypes, strict=True):
     for ax, pass_name in zip(row_axes, ("forward", "fwd+bwd"), strict=True):
       sel = [r for r in rows if r["pass_"] == pass_name and r["dtype"] == dtype_name]
-      labels = [f"{r['norm']}\n{r['shape']}" for r in sel]
       pos = np.arange(len(sel))
-      ax.bar(pos - 0.2, [r["ratio_time"] for r in sel], 0.4, label="time")
-      ax.bar(pos + 0.2, [r["ratio_bytes"] for r in sel], 0.4, label="bytes accessed")
+      for k, name in enumerate(impl_names):
+        heights = [r[name]["floor_x"] if name in r else np.nan for r in sel]
+        ax.bar(pos + (k - (len(impl_names) - 1) / 2) * width, heights, width, label=name)
       ax.axhline(1.0, color="k", lw=0.8)
-      ax.set_xticks(pos, labels, rotation=60, fontsize=7)
-      ax.set_title(f"{dtype_name} {pass_name}: jaxnorm / flax.linen")
+      ax.set_xticks(pos, [f"{r['norm']}\n{r['shape']}" for r in sel], rotation=60, fontsize=7)
+      ax.set_title(f"{dtype_name} {pass_name}: time per case, as a multiple of the floor")
       ax.grid(axis="y", alpha=0.3)
-    row_axes[0].set_ylabel("ratio (lower is better)")
-  axes[0][0].legend()
+    row_axes[0].set_ylabel("time / floor (lower is better)")
+  axes[0][0].legend(fontsize=8)
   fig.suptitle(f"bench_norms on {device}")
   fig.tight_layout()
   fig.savefig(os.path.join(out_dir, "bench_norms.png"), dpi=100)
   plt.close(fig)
+
+
+def _implementations(rows):
+  """Every implementation timed, in a fixed order: jaxnorm, flax, jnp, then the peers."""
+  names = ["jaxnorm", "flax", "jnp"]
+  for r in rows:
+    names += [k for k, v in r.items() if isinstance(v, dict) and "ms" in v and k not in names]
+  return names
 
 
 def main(argv=None):
@@ -374,18 +442,22 @@ def main(argv=None):
   ap.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
   ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
   ap.add_argument("--only", nargs="+", help="cases whose 'norm/shape' contains one of these")
+  ap.add_argument("--no-peers", action="store_true", help="time jaxnorm, flax and jnp only")
   args = ap.parse_args(argv)
   dev = jax.devices()[0]
   device = f"{dev.platform}: {dev.device_kind} (×{len(jax.devices())})"
   print(f"measuring on {device}", flush=True)
-  rows = run(QUICK_SHAPES if args.quick else SHAPES, args.repeats, args.dtypes, args.only)
+  libs = {} if args.no_peers else peers.available()
+  print(f"peers: {', '.join(libs) or 'none'} (pip install -e '.[bench]' for all)", flush=True)
+  rows = run(QUICK_SHAPES if args.quick else SHAPES, args.repeats, args.dtypes, args.only, libs)
   summary = summarize(rows)
   for key, s in summary.items():
     print(
       f"{key}: geomean jaxnorm/flax time {s['time']:.3f}, bytes {s['bytes']:.3f}; floor "
       f"x{s['floor']:.2f} (flax x{s['flax_floor']:.2f}), worst x{s['max_floor']:.2f}; worst "
       f"time ratio {s['max_time']:.3f}; Add & Norm {s['add_norm_time']:.3f}; largest excess "
-      f"of temporaries {s['max_temp_excess_x']:+.4f}|x|"
+      f"of temporaries {s['max_temp_excess_x']:+.4f}|x|; jaxnorm / best peer "
+      f"{s['best_peer_time']:.3f} (worst case {s['max_best_peer']:.3f})"
     )
   write(args.out, rows, summary, device, args)
   print(json.dumps(dict(device=device, summary=summary)))
