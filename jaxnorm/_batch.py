@@ -1,7 +1,7 @@
 """The BatchNorm family as pure functions, by composition.
 
 One inference path (``_infer``: ``γ·(x − μ)/sqrt(var + ε) + β`` with given statistics)
-and one layer step (``_step``: the rules of ``init``, inference, training and the update
+and one layer step (``step``: the rules of ``init``, inference, training and the update
 of the running averages) serve every member; what differs is the training normalization,
 a ``Training`` function:
 
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm._axes import Axes, batch_norm_axes, complement
-from jaxnorm._config import Config, configure
+from jaxnorm._config import Config, configure, options
 from jaxnorm._kernel import affine_normalize, affine_params, apply_statistics, operand
 from jaxnorm._stats import (
   Moments,
@@ -150,12 +150,17 @@ def _same(stats: Moments) -> Moments:
   return stats
 
 
+def _squeezed(stats: Moments, cfg: Config) -> Moments:
+  """The kernel's moments (reduced dims kept) at the statistics' shape."""
+  return Moments(*(jnp.squeeze(s, cfg.axes) for s in stats))
+
+
 def _batch_statistics(x, scale, bias, cfg, epsilon, mask):
   """Normalized with its own statistics (no batch-size check): ``(y, moments)``, the
   moments squeezed to the statistics' shape."""
   gamma, beta = affine_params(scale, bias, x.shape, cfg)
   y, stats = affine_normalize(x, gamma, beta, cfg, epsilon=epsilon, mask=mask)
-  return y, Moments(*(jnp.squeeze(s, cfg.axes) for s in stats))
+  return y, _squeezed(stats, cfg)
 
 
 def _plain(x, scale, bias, running, cfg, epsilon, mask):
@@ -258,7 +263,7 @@ def _renorm(r_max: Any, d_max: Any) -> Training:
     if gamma is not None:
       r, d = gamma * r, gamma * d
     y = xhat * r + (d if beta is None else d + beta)
-    return y.astype(cfg.out_dtype), Moments(*(jnp.squeeze(s, cfg.axes) for s in stats)), _same
+    return y.astype(cfg.out_dtype), _squeezed(stats, cfg), _same
 
   return train
 
@@ -411,9 +416,8 @@ def batch_norm(
         "batch_norm got only one of mean and var; pass both (inference with given "
         "statistics) or neither (training with the batch's statistics)."
       )
-    cfg = batch_config(x, axis, reduction_axes, scale, bias, mean, dtype=dtype,
-                  force_float32_reductions=force_float32_reductions, axis_name=axis_name,
-                  axis_index_groups=axis_index_groups)  # fmt: skip
+    opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
+    cfg = batch_config(x, axis, reduction_axes, scale, bias, mean, **opts)
     if mean is not None:
       return _infer(x, scale, bias, mean, var, cfg, epsilon)
     y, stats, pool = training(virtual_batch_size)(x, scale, bias, None, cfg, epsilon, mask)
@@ -495,18 +499,48 @@ def batch_norm_step(
   >>> mean.tolist(), var.tolist()
   ([1.0, 10.0], [1.0, 50.5])
   """
-  check_step(momentum, num_batches_tracked)
+  return _layer_step(
+    training(virtual_batch_size), x, scale, bias, running_mean, running_var,
+    use_running_average=use_running_average, momentum=momentum, initializing=initializing,
+    axis=axis, reduction_axes=reduction_axes, epsilon=epsilon, mask=mask,
+    axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype,
+    force_float32_reductions=force_float32_reductions, unbiased=unbiased_running_var,
+    counter=num_batches_tracked,
+  )  # fmt: skip
+
+
+def _layer_step(
+  train: Training,
+  x: jax.Array,
+  scale: Any,
+  bias: Any,
+  running_mean: Any,
+  running_var: Any,
+  *,
+  use_running_average: bool,
+  momentum: Any = 0.99,
+  initializing: bool = False,
+  axis: Axes = -1,
+  reduction_axes: Axes | None = None,
+  epsilon: Any = 1e-5,
+  mask: Any = None,
+  axis_name: Any = None,
+  axis_index_groups: Any = None,
+  dtype: Any = None,
+  force_float32_reductions: bool = True,
+  unbiased: bool = False,
+  counter: Any = None,
+) -> tuple[jax.Array, tuple[jax.Array, ...] | None]:
+  """A step of the pure functions, from :func:`batch_norm_step`'s keywords: the checks,
+  the record (the running mean's dtype joins at inference), then :func:`step`."""
+  check_step(momentum, counter)
   x = jnp.asarray(x)
-  given = running_mean if use_running_average else None  # (its dtype joins at inference)
-  cfg = batch_config(x, axis, reduction_axes, scale, bias, given, dtype=dtype,
-                force_float32_reductions=force_float32_reductions, axis_name=axis_name,
-                axis_index_groups=axis_index_groups)  # fmt: skip
-  train = training(virtual_batch_size)
-  running = (running_mean, running_var)
-  return step(train, x, scale, bias, running, cfg, epsilon, mask,
+  given = running_mean if use_running_average else None
+  opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
+  cfg = batch_config(x, axis, reduction_axes, scale, bias, given, **opts)
+  return step(train, x, scale, bias, (running_mean, running_var), cfg, epsilon, mask,
               use_running_average=use_running_average, initializing=initializing,
-              momentum=momentum, unbiased=unbiased_running_var,
-              counter=num_batches_tracked)  # fmt: skip
+              momentum=momentum, unbiased=unbiased, counter=counter)  # fmt: skip
 
 
 def renorm_limits(
@@ -594,11 +628,18 @@ def batch_renorm(
   """
   with jax.named_scope("jaxnorm.batch_renorm"):
     x = jnp.asarray(x)
-    cfg = batch_config(x, axis, reduction_axes, scale, bias, dtype=dtype,
-                  force_float32_reductions=force_float32_reductions, axis_name=axis_name,
-                  axis_index_groups=axis_index_groups)  # fmt: skip
+    opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
+    cfg = batch_config(x, axis, reduction_axes, scale, bias, **opts)
     y, stats, _ = _renorm(r_max, d_max)(x, scale, bias, (mean, var), cfg, epsilon, mask)
     return y, stats
+
+
+RENORM_SCHEDULE = ("r_max", "d_max", "warmup_steps", "r_max_steps", "d_max_steps")
+
+
+def renorm_schedule(module: Any) -> dict[str, Any]:
+  """A BatchRenorm module's schedule, the keywords of :func:`renorm_limits`."""
+  return {name: getattr(module, name) for name in RENORM_SCHEDULE}
 
 
 def renorm_training(steps: Any, **schedule: Any) -> Training:
@@ -651,19 +692,11 @@ def batch_renorm_step(
       f"{unknown or 'no use_running_average'}; ghost batches and unbiased_running_var are "
       f"BatchNorm's (batch_norm_step)."
     )
-  check_momentum(options.get("momentum", 0.99))
+  check_momentum(options.get("momentum", 0.99))  # (a number: Batch Renorm has no counter)
   schedule = dict(r_max=r_max, d_max=d_max, warmup_steps=warmup_steps,
                   r_max_steps=r_max_steps, d_max_steps=d_max_steps)  # fmt: skip
-  x = jnp.asarray(x)
-  use_ra = options.pop("use_running_average")
-  axes = (options.pop("axis", -1), options.pop("reduction_axes", None))
-  epsilon, mask = options.pop("epsilon", 1e-5), options.pop("mask", None)
-  momentum, initializing = options.pop("momentum", 0.99), options.pop("initializing", False)
-  cfg = batch_config(x, *axes, scale, bias, running_mean if use_ra else None, **options)
-  train, running = renorm_training(steps, **schedule), (running_mean, running_var)
-  y, new = step(train, x, scale, bias, running, cfg, epsilon, mask,
-                use_running_average=use_ra, initializing=initializing,
-                momentum=momentum)  # fmt: skip
+  train = renorm_training(steps, **schedule)
+  y, new = _layer_step(train, x, scale, bias, running_mean, running_var, **options)
   if new is None:
     return y, None
   return y, (new[0], new[1], jnp.asarray(steps) + 1)
@@ -701,8 +734,8 @@ def frozen_batch_norm(
   [[0.0, 2.0]]
   """
   x = jnp.asarray(x)
-  cfg = batch_config(x, axis, reduction_axes, scale, bias, mean, dtype=dtype,
-                force_float32_reductions=force_float32_reductions)  # fmt: skip
+  cfg = batch_config(x, axis, reduction_axes, scale, bias, mean,
+                     **options(dtype, force_float32_reductions))  # fmt: skip
   gamma, beta, mu, sigma2 = (None if a is None else lax.stop_gradient(a)
                              for a in (scale, bias, mean, var))  # fmt: skip
   return _infer(x, gamma, beta, mu, sigma2, cfg, epsilon)

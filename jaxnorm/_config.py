@@ -42,6 +42,18 @@ def freeze_groups(axis_index_groups: Any) -> tuple[tuple[int, ...], ...] | None:
   return tuple(tuple(int(i) for i in group) for group in axis_index_groups)
 
 
+def options(
+  dtype: Any, force_float32_reductions: bool, axis_name: Any = None, axis_index_groups: Any = None
+) -> dict[str, Any]:
+  """The keywords of :func:`configure` that every public function passes on unchanged."""
+  return dict(
+    dtype=dtype,
+    force_float32_reductions=force_float32_reductions,
+    axis_name=axis_name,
+    axis_index_groups=axis_index_groups,
+  )
+
+
 def configure(
   x: Any,
   axes: tuple[int, ...],

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxnorm._axes import Axes, canonicalize_axes, group_norm_axes, instance_norm_axes
-from jaxnorm._config import Config, configure
+from jaxnorm._config import Config, configure, options
 from jaxnorm._dtypes import output_dtype
 from jaxnorm._kernel import affine_normalize, affine_params
 from jaxnorm._stats import Moments, broadcast_mask, group_moments
@@ -116,16 +116,6 @@ def _norm(
   return affine_normalize(x, gamma, beta, cfg, epsilon=epsilon, mask=mask)
 
 
-def _options(dtype, force_float32_reductions, axis_name, axis_index_groups):
-  """The keyword options of :func:`~jaxnorm._config.configure` that every norm passes on."""
-  return dict(
-    dtype=dtype,
-    force_float32_reductions=force_float32_reductions,
-    axis_name=axis_name,
-    axis_index_groups=axis_index_groups,
-  )
-
-
 def layer_norm(
   x: jax.Array,
   scale: jax.Array | None = None,
@@ -169,8 +159,8 @@ def layer_norm(
     x = jnp.asarray(x)
     reduced = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
     features = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
-    options = _options(dtype, force_float32_reductions, axis_name, axis_index_groups)
-    cfg = configure(x, reduced, features, scale, bias, **options)
+    opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
+    cfg = configure(x, reduced, features, scale, bias, **opts)
     return _norm(x, scale, bias, cfg, epsilon, mask)[0]
 
 
@@ -218,9 +208,9 @@ def rms_norm(
     x = jnp.asarray(x)
     reduced = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
     features = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
-    options = _options(dtype, force_float32_reductions, axis_name, axis_index_groups)
+    opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
     cfg = configure(x, reduced, features, scale, bias, center=False,
-                    epsilon_in_root=epsilon_in_root, **options)  # fmt: skip
+                    epsilon_in_root=epsilon_in_root, **opts)  # fmt: skip
     return _norm(x, scale, bias, cfg, epsilon, mask, zero_centered_scale)[0]
 
 
@@ -274,7 +264,7 @@ def add_layer_norm(
     feature_axes=feature_axes,
     epsilon=epsilon,
     mask=mask,
-    **_options(dtype, force_float32_reductions, axis_name, axis_index_groups),
+    **options(dtype, force_float32_reductions, axis_name, axis_index_groups),
   )
 
 
@@ -316,7 +306,7 @@ def add_rms_norm(
     epsilon_in_root=epsilon_in_root,
     zero_centered_scale=zero_centered_scale,
     mask=mask,
-    **_options(dtype, force_float32_reductions, axis_name, axis_index_groups),
+    **options(dtype, force_float32_reductions, axis_name, axis_index_groups),
   )
 
 
@@ -383,8 +373,8 @@ def instance_norm(
   with jax.named_scope("jaxnorm.instance_norm"):
     x = jnp.asarray(x)
     features, reduced = instance_norm_axes(x.ndim, feature_axes)
-    options = _options(dtype, force_float32_reductions, axis_name, axis_index_groups)
-    cfg = configure(x, reduced, features, scale, bias, **options)
+    opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
+    cfg = configure(x, reduced, features, scale, bias, **opts)
     return _norm(x, scale, bias, cfg, epsilon, mask)[0]
 
 
@@ -466,6 +456,6 @@ def group_norm(
     x = jnp.asarray(x)
     f, reduced = group_norm_axes(x.ndim, feature_axis, reduction_axes)
     groups = resolve_groups(x.shape[f], num_groups, group_size)
-    options = _options(dtype, force_float32_reductions, axis_name, axis_index_groups)
-    cfg = configure(x, reduced, (f,), scale, bias, channel_groups=(f, groups), **options)
+    opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
+    cfg = configure(x, reduced, (f,), scale, bias, channel_groups=(f, groups), **opts)
     return _norm(x, scale, bias, cfg, epsilon, mask)[0]

@@ -34,6 +34,7 @@ from jaxnorm._batch import (
   check_track_running_stats,
   counts_batches,
   frozen_batch_norm,
+  renorm_schedule,
   renorm_training,
   step,
   training,
@@ -282,10 +283,9 @@ class BatchRenorm(nn.BatchNorm):
     steps = self.variable("batch_stats", "steps", jnp.zeros, (), jnp.int32)
     check_momentum(self.momentum)  # (a number: Batch Renorm keeps no counter)
     cfg = _batch_config(self, x, use_ra, variables)
-    schedule = dict(r_max=self.r_max, d_max=self.d_max, warmup_steps=self.warmup_steps,
-                    r_max_steps=self.r_max_steps, d_max_steps=self.d_max_steps)  # fmt: skip
+    train = renorm_training(steps.value, **renorm_schedule(self))
     y, updated = step(
-      renorm_training(steps.value, **schedule), x, scale, bias, (ra_mean.value, ra_var.value),
+      train, x, scale, bias, (ra_mean.value, ra_var.value),
       cfg, self.epsilon, mask, use_running_average=use_ra,
       initializing=self.is_initializing(), momentum=self.momentum,
     )  # fmt: skip

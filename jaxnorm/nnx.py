@@ -48,6 +48,7 @@ from jaxnorm._batch import (
   check_track_running_stats,
   counts_batches,
   frozen_batch_norm,
+  renorm_schedule,
   renorm_training,
   step,
   training,
@@ -321,10 +322,8 @@ class BatchRenorm(BatchNorm):
     the running averages otherwise; ``use_running_average`` overrides the attribute."""
     use_ra, x, (scale, bias, mean, var), cfg = self._prepare(x, use_running_average)
     check_momentum(self.momentum)  # (a number: Batch Renorm keeps no counter)
-    schedule = dict(r_max=self.r_max, d_max=self.d_max, warmup_steps=self.warmup_steps,
-                    r_max_steps=self.r_max_steps, d_max_steps=self.d_max_steps)  # fmt: skip
     y, updated = step(
-      renorm_training(self.steps[...], **schedule), x, scale, bias, (mean, var), cfg,
+      renorm_training(self.steps[...], **renorm_schedule(self)), x, scale, bias, (mean, var), cfg,
       self.epsilon, mask, use_running_average=use_ra, initializing=False,
       momentum=self.momentum,
     )  # fmt: skip
