@@ -14,11 +14,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxnorm._axes import Axes, canonicalize_axes, group_norm_axes, instance_norm_axes
 from jaxnorm._config import Config, configure, options
 from jaxnorm._dtypes import output_dtype
 from jaxnorm._kernel import affine_normalize, affine_params
+from jaxnorm._rows import check_implementation, kernel_misfit, normalize_rows, use_kernels
 from jaxnorm._stats import Moments, broadcast_mask, group_moments
 
 
@@ -129,6 +131,7 @@ def layer_norm(
   axis_index_groups: Any = None,
   dtype: Any = None,
   force_float32_reductions: bool = True,
+  implementation: str | None = None,
 ) -> jax.Array:
   """Layer normalization (Ba et al. 2016): statistics per sample over ``reduction_axes``.
 
@@ -147,6 +150,10 @@ def layer_norm(
     axis_index_groups: optional index groups along ``axis_name``.
     dtype: output dtype and minimum statistics dtype (default: inferred as in Flax).
     force_float32_reductions: compute statistics in at least float32.
+    implementation: ``"xla"``, ``"pallas"`` (the fused row kernels: reduced axes trailing
+      and equal to the feature axes, float32 statistics, one device, first derivatives;
+      on CPU they run in Pallas's interpreter, for tests) or None (today: XLA; see
+      ``docs/speed.md``).
 
   Returns:
     The normalized array, of ``x``'s shape.
@@ -156,12 +163,9 @@ def layer_norm(
   [[-1.6833  0.1056  1.8944  3.6833]]
   """
   with jax.named_scope("jaxnorm.layer_norm"):
-    x = jnp.asarray(x)
-    reduced = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
-    features = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
     opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
-    cfg = configure(x, reduced, features, scale, bias, **opts)
-    return _norm(x, scale, bias, cfg, epsilon, mask)[0]
+    axes = dict(reduction_axes=reduction_axes, feature_axes=feature_axes)
+    return _trailing_norm(x, None, scale, bias, None, axes, epsilon, mask, implementation, opts)[0]
 
 
 def rms_norm(
@@ -179,6 +183,7 @@ def rms_norm(
   axis_index_groups: Any = None,
   dtype: Any = None,
   force_float32_reductions: bool = True,
+  implementation: str | None = None,
 ) -> jax.Array:
   """RMS normalization (Zhang & Sennrich 2019): ``y = γ·x / sqrt(mean(x²) + ε) (+ β)``.
 
@@ -197,6 +202,7 @@ def rms_norm(
     axis_index_groups: optional index groups along ``axis_name``.
     dtype: output dtype and minimum statistics dtype (default: inferred as in Flax).
     force_float32_reductions: compute statistics in at least float32.
+    implementation: ``"xla"``, ``"pallas"`` or None (see :func:`layer_norm`).
 
   Returns:
     The normalized array, of ``x``'s shape.
@@ -205,13 +211,15 @@ def rms_norm(
   [[0.3651 0.7303 1.0954 1.4606]]
   """
   with jax.named_scope("jaxnorm.rms_norm"):
-    x = jnp.asarray(x)
-    reduced = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
-    features = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
     opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
-    cfg = configure(x, reduced, features, scale, bias, center=False,
-                    epsilon_in_root=epsilon_in_root, **opts)  # fmt: skip
-    return _norm(x, scale, bias, cfg, epsilon, mask, zero_centered_scale)[0]
+    axes = dict(
+      reduction_axes=reduction_axes,
+      feature_axes=feature_axes,
+      center=False,
+      epsilon_in_root=epsilon_in_root,
+      zero_centered_scale=zero_centered_scale,
+    )
+    return _trailing_norm(x, None, scale, bias, None, axes, epsilon, mask, implementation, opts)[0]
 
 
 def add_layer_norm(
@@ -229,6 +237,7 @@ def add_layer_norm(
   axis_index_groups: Any = None,
   dtype: Any = None,
   force_float32_reductions: bool = True,
+  implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Add & Norm: ``h = x + residual`` and ``y = layer_norm(h)``, returned as ``(y, h)``.
 
@@ -243,7 +252,9 @@ def add_layer_norm(
     x: the sublayer's output.
     residual: the residual stream, of ``x``'s shape.
     scale, bias, reduction_axes, feature_axes, epsilon, mask: as in :func:`layer_norm`.
-    axis_name, axis_index_groups, dtype, force_float32_reductions: as in :func:`layer_norm`.
+    axis_name, axis_index_groups, dtype, force_float32_reductions, implementation: as in
+      :func:`layer_norm` (``"pallas"`` adds, normalizes and, backwards, sums both
+      cotangents in one kernel each way).
     residual_dtype: the dtype of ``h`` (default: ``x``'s and ``residual``'s promoted).
 
   Returns:
@@ -253,19 +264,11 @@ def add_layer_norm(
   >>> y.tolist(), h.tolist()
   ([[-1.0, 1.0]], [[3.0, 7.0]])
   """
-  return _add_norm(
-    layer_norm,
-    x,
-    residual,
-    scale,
-    bias,
-    residual_dtype,
-    reduction_axes=reduction_axes,
-    feature_axes=feature_axes,
-    epsilon=epsilon,
-    mask=mask,
-    **options(dtype, force_float32_reductions, axis_name, axis_index_groups),
-  )
+  opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
+  axes = dict(reduction_axes=reduction_axes, feature_axes=feature_axes)
+  y, h = _trailing_norm(x, residual, scale, bias, residual_dtype, axes, epsilon, mask,
+                        implementation, opts)  # fmt: skip
+  return y, jnp.asarray(h)
 
 
 def add_rms_norm(
@@ -285,6 +288,7 @@ def add_rms_norm(
   axis_index_groups: Any = None,
   dtype: Any = None,
   force_float32_reductions: bool = True,
+  implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Add & RMSNorm: ``h = x + residual`` and ``y = rms_norm(h)``, returned as ``(y, h)``
   (see :func:`add_layer_norm`; the other arguments as in :func:`rms_norm`).
@@ -293,34 +297,71 @@ def add_rms_norm(
   >>> print(y, h)  # RMS of [3, 4] is sqrt(12.5)
   [[0.8485 1.1314]] [[3. 4.]]
   """
-  return _add_norm(
-    rms_norm,
-    x,
-    residual,
-    scale,
-    bias,
-    residual_dtype,
+  opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
+  axes = dict(
     reduction_axes=reduction_axes,
     feature_axes=feature_axes,
-    epsilon=epsilon,
+    center=False,
     epsilon_in_root=epsilon_in_root,
     zero_centered_scale=zero_centered_scale,
-    mask=mask,
-    **options(dtype, force_float32_reductions, axis_name, axis_index_groups),
   )
+  y, h = _trailing_norm(x, residual, scale, bias, residual_dtype, axes, epsilon, mask,
+                        implementation, opts)  # fmt: skip
+  return y, jnp.asarray(h)
 
 
-def _add_norm(norm, x, residual, scale, bias, residual_dtype, **kw):
-  """The body of both Add & Norm functions: ``h`` in ``residual_dtype``, ``y = norm(h)`` in
-  the dtype ``norm`` of ``x`` would have."""
+def _trailing_norm(
+  x: Any,
+  residual: Any,
+  scale: Any,
+  bias: Any,
+  residual_dtype: Any,
+  axes: dict[str, Any],
+  epsilon: Any,
+  mask: Any,
+  implementation: Any,
+  opts: dict[str, Any],
+) -> tuple[jax.Array, jax.Array | None]:
+  """The body of LayerNorm and RMSNorm, with (Add & Norm) or without a residual: ``(y, h)``
+  (``h`` None without). ``axes`` holds the axes and the RMS options, ``opts`` the keywords
+  of :func:`~jaxnorm._config.configure`; the row kernels run where asked and applicable."""
+  check_implementation(implementation)
+  axes = dict(axes)
+  zero_centered = axes.pop("zero_centered_scale", False)
+  reduction_axes, feature_axes = axes.pop("reduction_axes"), axes.pop("feature_axes")
+  x = jnp.asarray(x)
+  h_dtype = None
+  if residual is not None:
+    h_dtype = residual_sum_dtype(x, residual, residual_dtype)
+  normalized = x if residual is None else jnp.zeros((), h_dtype)  # (configure reads dtypes)
+  reduced = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
+  features = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
+  cfg = configure(normalized, reduced, features, scale, bias, **axes, **opts)
+  if residual is not None:  # y in the dtype the norm of x would have (Flax's rule)
+    cfg = cfg._replace(out_dtype=output_dtype(x, scale, bias, dtype=opts["dtype"]))
+  if use_kernels(implementation, kernel_misfit(x, cfg, scale, bias)):
+    gamma, beta = affine_params(scale, bias, x.shape, cfg)
+    if gamma is not None and zero_centered:
+      gamma = 1 + gamma
+    return normalize_rows(x, gamma, beta, cfg, epsilon=epsilon, mask=mask, residual=residual,
+                          residual_dtype=h_dtype)  # fmt: skip
+  if residual is None:
+    return _norm(x, scale, bias, cfg, epsilon, mask, zero_centered)[0], None
   h = residual_sum(x, residual, residual_dtype)
-  y = norm(h, scale, bias, **kw)
-  return y.astype(output_dtype(x, scale, bias, dtype=kw["dtype"])), h
+  return _norm(h, scale, bias, cfg, epsilon, mask, zero_centered)[0], h
 
 
 def residual_sum(x: Any, residual: Any, residual_dtype: Any = None) -> jax.Array:
   """``x + residual`` in ``residual_dtype`` (default: their promoted dtype), for Add & Norm;
   a clear error when the shapes differ."""
+  x, residual = jnp.asarray(x), jnp.asarray(residual)
+  dt = residual_sum_dtype(x, residual, residual_dtype)
+  return x.astype(dt) + residual.astype(dt)
+
+
+def residual_sum_dtype(x: Any, residual: Any, residual_dtype: Any = None) -> np.dtype:
+  """The dtype of ``h = x + residual``: ``residual_dtype``, else the promoted dtype; a
+  clear error when the shapes differ."""
   x, residual = jnp.asarray(x), jnp.asarray(residual)
   if x.shape != residual.shape:
     raise ValueError(
@@ -328,8 +369,7 @@ def residual_sum(x: Any, residual: Any, residual_dtype: Any = None) -> jax.Array
       f"must have the same shape (the residual stream is the block's input, x its "
       f"sublayer's output)."
     )
-  dt = jnp.result_type(x, residual) if residual_dtype is None else jnp.dtype(residual_dtype)
-  return x.astype(dt) + residual.astype(dt)
+  return jnp.result_type(x, residual) if residual_dtype is None else jnp.dtype(residual_dtype)
 
 
 def instance_norm(

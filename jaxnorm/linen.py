@@ -380,9 +380,12 @@ class LayerNorm(nn.LayerNorm):
     residual_dtype: (jaxnorm) the dtype of the residual stream ``h`` returned when called
       with a ``residual`` (Add & Norm), e.g. float32 under bfloat16 activations (default:
       the promotion of the input's and the residual's).
+    implementation: (jaxnorm) ``"xla"``, ``"pallas"`` (the fused row kernels) or None
+      (default; see :func:`jaxnorm.layer_norm`).
   """
 
   residual_dtype: Dtype | None = None
+  implementation: str | None = None
 
   @nn.compact
   def __call__(
@@ -399,6 +402,7 @@ class LayerNorm(nn.LayerNorm):
     kw = dict(
       reduction_axes=self.reduction_axes,
       feature_axes=features,
+      implementation=self.implementation,
       **_common(self, mask),
     )
     if residual is None:
@@ -438,6 +442,7 @@ class RMSNorm(nn.RMSNorm):
       ``x / (sqrt(ms) + ε)``.
     zero_centered_scale: (jaxnorm) multiply by ``1 + γ`` with γ stored zero-centred.
     residual_dtype: (jaxnorm) the dtype of ``h`` in Add & Norm (see :class:`LayerNorm`).
+    implementation: (jaxnorm) ``"xla"``, ``"pallas"`` or None (see :class:`LayerNorm`).
   """
 
   use_bias: bool = False
@@ -446,6 +451,7 @@ class RMSNorm(nn.RMSNorm):
   zero_centered_scale: bool = False
 
   residual_dtype: Dtype | None = None
+  implementation: str | None = None
 
   @nn.compact
   def __call__(
@@ -466,6 +472,7 @@ class RMSNorm(nn.RMSNorm):
       feature_axes=features,
       epsilon_in_root=self.epsilon_in_root,
       zero_centered_scale=self.zero_centered_scale,
+      implementation=self.implementation,
       **_common(self, mask),
     )
     if residual is None:

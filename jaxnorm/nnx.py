@@ -402,6 +402,8 @@ class LayerNorm(nnx.LayerNorm):
     rngs, bias_metadata, scale_metadata: as in :class:`BatchNorm`.
     residual_dtype: (jaxnorm) the dtype of ``h`` when called with a ``residual`` (Add &
       Norm, see :class:`jaxnorm.linen.LayerNorm`).
+    implementation: (jaxnorm) ``"xla"``, ``"pallas"`` or None (see
+      :func:`jaxnorm.layer_norm`).
   """
 
   def __init__(
@@ -425,6 +427,7 @@ class LayerNorm(nnx.LayerNorm):
     bias_metadata: Mapping[str, Any] = _NO_METADATA,
     scale_metadata: Mapping[str, Any] = _NO_METADATA,
     residual_dtype: Dtype | None = None,
+    implementation: str | None = None,
   ):
     super().__init__(
       num_features, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, use_bias=use_bias,
@@ -435,6 +438,7 @@ class LayerNorm(nnx.LayerNorm):
       scale_metadata=scale_metadata,
     )  # fmt: skip
     self.residual_dtype = residual_dtype
+    self.implementation = implementation
 
   def __call__(
     self, x: jax.Array, *, mask: jax.Array | None = None, residual: jax.Array | None = None
@@ -444,7 +448,10 @@ class LayerNorm(nnx.LayerNorm):
     x, scale, bias = self.promote_dtype((x, _read(self.scale), _read(self.bias)), dtype=self.dtype)
     args = _onto_features(x, self.feature_axes, scale, bias)
     kw = dict(
-      reduction_axes=self.reduction_axes, feature_axes=self.feature_axes, **_common(self, mask)
+      reduction_axes=self.reduction_axes,
+      feature_axes=self.feature_axes,
+      implementation=self.implementation,
+      **_common(self, mask),
     )
     if residual is None:
       return F.layer_norm(x, *args, **kw)
@@ -467,6 +474,7 @@ class RMSNorm(nnx.RMSNorm):
     zero_centered_scale: (jaxnorm) multiply by ``1 + γ``; ``scale`` starts at
       ``scale_init(...) − 1`` (zeros).
     residual_dtype: (jaxnorm) the dtype of ``h`` in Add & Norm (see :class:`LayerNorm`).
+    implementation: (jaxnorm) ``"xla"``, ``"pallas"`` or None (see :class:`LayerNorm`).
   """
 
   bias: nnx.Param | None  # (jaxnorm) flax.nnx.RMSNorm has no bias
@@ -494,6 +502,7 @@ class RMSNorm(nnx.RMSNorm):
     epsilon_in_root: bool = True,
     zero_centered_scale: bool = False,
     residual_dtype: Dtype | None = None,
+    implementation: str | None = None,
   ):
     if zero_centered_scale:
       scale_init = F.zero_centered_init(scale_init)
@@ -515,6 +524,7 @@ class RMSNorm(nnx.RMSNorm):
     self.epsilon_in_root = epsilon_in_root
     self.zero_centered_scale = zero_centered_scale
     self.residual_dtype = residual_dtype
+    self.implementation = implementation
 
   def __call__(
     self, x: jax.Array, mask: jax.Array | None = None, *, residual: jax.Array | None = None
@@ -533,6 +543,7 @@ class RMSNorm(nnx.RMSNorm):
       feature_axes=self.feature_axes,
       epsilon_in_root=self.epsilon_in_root,
       zero_centered_scale=self.zero_centered_scale,
+      implementation=self.implementation,
       **_common(self, mask),
     )
     args = _onto_features(x, self.feature_axes, scale, bias)

@@ -1,0 +1,279 @@
+"""Pallas kernels for the row norms: LayerNorm and RMSNorm over the last axis of a ``(R, D)``
+array, optionally after a residual add (Add & Norm), forward and backward in one pass each.
+
+A program holds ``BR`` whole rows, padded to a block of ``DP`` columns (a power of two for
+Triton, a multiple of 128 for Mosaic); the padding and masked-out positions are excluded
+with an iota mask, never multiplied away (their contents are undefined). Statistics are
+recomputed in the backward kernel rather than stored: it reads ``x`` anyway, and the
+per-row scaling below then matches the forward exactly.
+
+Overflow: each row is scaled by a power of two ``s ≈ 1/max|x|`` (exact: no bit of the
+input is lost) before its moments are taken, so the sums of squares stay finite for any
+finite float32 input (issue 20, item 9), at the cost of one max per row, which is free in a
+memory-bound kernel; rows with ``max|x| < 2`` are not scaled at all. With
+``r' = 1/sqrt(var(s·x) + ε·s²)`` the output is ``(s·x − mean(s·x))·r'``, which equals
+``(x − μ)/sqrt(σ² + ε)`` exactly in real arithmetic.
+
+The backward kernel returns ``dx`` (plus the residual's cotangent, added in) and per-block
+partial sums of ``dγ`` and ``dβ``, which the caller sums. On CPU the same kernels run in
+Pallas's interpret mode (the tests), on NVIDIA and AMD GPUs through Triton, on TPU through
+Mosaic; :func:`forward` and :func:`backward` pick the lowering per platform with
+``lax.platform_dependent``, so one exported program carries each.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+MAX_ROW = 16384  # the longest row one block holds (columns after padding)
+
+
+class RowSpec(NamedTuple):
+  """What a row kernel computes: static, part of the kernel's identity."""
+
+  d: int  # valid columns per row
+  center: bool  # LayerNorm (True) or RMSNorm (False)
+  epsilon_in_root: bool
+  has_residual: bool
+  has_scale: bool
+  has_bias: bool
+  has_mask: bool
+
+
+def _next_power_of_2(n: int) -> int:
+  return 1 << max(n - 1, 0).bit_length()
+
+
+def _blocks(platform: str, rows: int, d: int) -> tuple[int, int]:
+  """``(BR, DP)``: rows per program and padded columns, per lowering."""
+  if platform == "tpu":  # (8, 128) tiles; 32 rows keep int8 masks and bf16 tiles whole
+    dp = -(-d // 128) * 128
+    br = max(32, min(512, _next_power_of_2(max(1, 65536 // dp)) // 2))
+    return (rows if rows < br else br), dp
+  dp = _next_power_of_2(d)
+  if platform == "interpret":  # small blocks: the tests cross block edges
+    return 8, dp
+  return max(1, min(_next_power_of_2(rows), max(1, 4096 // dp))), dp
+
+
+def _compiler_params(platform: str, br: int, dp: int) -> dict[str, Any]:
+  if platform == "gpu":
+    from jax.experimental.pallas import triton as pltriton
+
+    return dict(compiler_params=pltriton.CompilerParams(num_warps=min(max(br * dp // 512, 1), 8)))
+  if platform == "interpret":
+    return dict(interpret=True)
+  return {}
+
+
+def _unpack(
+  refs: Any, spec: RowSpec, inputs: tuple[str, ...], outputs: tuple[str, ...]
+) -> dict[str, Any]:
+  """The kernel's refs by name (the optional ones present per ``spec``)."""
+  present = dict(
+    residual=spec.has_residual, scale=spec.has_scale, bias=spec.has_bias, mask=spec.has_mask,
+    h=spec.has_residual, dh=spec.has_residual, dscale=spec.has_scale, dbias=spec.has_bias,
+  )  # fmt: skip
+  names = [n for n in inputs + outputs if present.get(n, True)]
+  return dict(zip(names, refs, strict=False))
+
+
+def _row_statistics(x: Any, valid: Any, eps: Any, spec: RowSpec) -> tuple[Any, ...]:
+  """The parts of ``(xs − mean')·r'``, per row: ``xs = s·x`` (every position), the scaled mean,
+  ``r'``, the scale ``s``, the valid count ``n`` and ``sqrt(var')`` (see the module doc)."""
+  x0 = jnp.where(valid, x, 0.0)
+  n = jnp.sum(valid.astype(jnp.float32), axis=1, keepdims=True)
+  s = _power_of_2_scale(jnp.max(jnp.abs(x0), axis=1, keepdims=True))
+  xs = x * s
+  inv_n = 1.0 / jnp.maximum(n, 1.0)
+  mean = jnp.sum(jnp.where(valid, xs, 0.0), axis=1, keepdims=True) * inv_n if spec.center else 0.0
+  xc = jnp.where(valid, xs - mean, 0.0)
+  var = jnp.sum(xc * xc, axis=1, keepdims=True) * inv_n
+  std = jnp.sqrt(var)
+  if spec.epsilon_in_root:
+    r = lax.rsqrt(var + eps * s * s)
+  else:
+    r = 1.0 / (std + eps * s)
+  if spec.has_mask:
+    r = jnp.where(n > 0, r, 0.0)  # a row with no valid element: x̂ = 0, no NaN
+  return xs, mean, r, s, inv_n, std
+
+
+def _power_of_2_scale(a):
+  """``2^-E`` for ``a = 1.m·2^E``, E clamped to [0, 126] (a normal float32): exact to
+  multiply by, so the scaled row keeps every bit of the input."""
+  exponent = (lax.bitcast_convert_type(a, jnp.int32) >> 23) - 127
+  exponent = jnp.clip(exponent, 0, 126)
+  return lax.bitcast_convert_type((127 - exponent) << 23, jnp.float32)
+
+
+def _valid(x: Any, spec: RowSpec, mask_ref: Any) -> Any:
+  col = lax.broadcasted_iota(jnp.int32, x.shape, 1)
+  valid = col < spec.d
+  if mask_ref is not None:
+    valid = valid & (mask_ref[...] != 0)
+  return valid
+
+
+def _forward_kernel(*refs: Any, spec: RowSpec) -> None:
+  r = _unpack(refs, spec, ("x", "residual", "scale", "bias", "mask", "eps"), ("y", "h"))
+  x = r["x"][...]
+  if spec.has_residual:
+    h = x.astype(r["h"].dtype) + r["residual"][...].astype(r["h"].dtype)
+    r["h"][...] = h
+    x = h
+  x = x.astype(jnp.float32)
+  valid = _valid(x, spec, r.get("mask"))
+  xs, mean, rs, _, _, _ = _row_statistics(x, valid, r["eps"][0, 0], spec)
+  y = (xs - mean) * rs
+  if spec.has_scale:
+    y = y * r["scale"][...].astype(jnp.float32)
+  if spec.has_bias:
+    y = y + r["bias"][...].astype(jnp.float32)
+  r["y"][...] = y.astype(r["y"].dtype)
+
+
+def _backward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int) -> None:
+  r = _unpack(refs, spec, ("x", "scale", "mask", "eps", "dy", "dh"), ("dx", "dscale", "dbias"))
+  x = r["x"][...].astype(jnp.float32)
+  valid = _valid(x, spec, r.get("mask"))
+  xs, mean, rs, s, inv_n, std = _row_statistics(x, valid, r["eps"][0, 0], spec)
+  columns = lax.broadcasted_iota(jnp.int32, x.shape, 1) < spec.d
+  xhat = jnp.where(columns, (xs - mean) * rs, 0.0)
+  dy = jnp.where(columns, r["dy"][...].astype(jnp.float32), 0.0)
+  g = jnp.where(columns, dy * r["scale"][...].astype(jnp.float32), 0.0) if spec.has_scale else dy
+  # dx = r·g − [valid]·(r·mean(g) − c·x̂·mean(g·x̂)), the means over all positions divided
+  # by the valid count; r = s·r' and c = −r in the root, −1/σ = −s/sqrt(var') outside it.
+  rstd = rs * s
+  c = -rstd if spec.epsilon_in_root else jnp.where(std > 0, -s / jnp.where(std > 0, std, 1.0), 0.0)
+  g2 = jnp.sum(g * xhat, axis=1, keepdims=True) * inv_n
+  correction = -c * xhat * g2
+  if spec.center:
+    correction = correction + rstd * jnp.sum(g, axis=1, keepdims=True) * inv_n
+  dx = rstd * g - jnp.where(valid, correction, 0.0)
+  if spec.has_residual:
+    dx = dx + r["dh"][...].astype(jnp.float32)
+  r["dx"][...] = dx.astype(r["dx"].dtype)
+  live = (pl.program_id(0) * br + lax.broadcasted_iota(jnp.int32, x.shape, 0)) < rows
+  if spec.has_scale:
+    r["dscale"][...] = jnp.sum(jnp.where(live, dy * xhat, 0.0), axis=0)[None, None]
+  if spec.has_bias:
+    r["dbias"][...] = jnp.sum(jnp.where(live, dy, 0.0), axis=0)[None, None]
+
+
+def _row_block(br: int, dp: int) -> pl.BlockSpec:
+  return pl.BlockSpec((br, dp), lambda i: (i, 0))
+
+
+def _shared_block(dp: int) -> pl.BlockSpec:
+  return pl.BlockSpec((1, dp), lambda i: (0, 0))
+
+
+def _forward_on(platform, spec, x, residual, scale, bias, mask, eps, y_dtype, h_dtype):
+  rows = x.shape[0]
+  br, dp = _blocks(platform, rows, spec.d)
+  operands = [x, residual, scale, bias, mask, eps]
+  blocks = [_row_block(br, dp), _row_block(br, dp), _shared_block(dp), _shared_block(dp),
+            _row_block(br, dp), pl.BlockSpec((1, 1), lambda i: (0, 0))]  # fmt: skip
+  keep = [o is not None for o in operands]
+  out_shape = [jax.ShapeDtypeStruct(x.shape, y_dtype)]
+  out_blocks = [_row_block(br, dp)]
+  if spec.has_residual:
+    out_shape.append(jax.ShapeDtypeStruct(x.shape, h_dtype))
+    out_blocks.append(_row_block(br, dp))
+  outs = pl.pallas_call(
+    functools.partial(_forward_kernel, spec=spec),
+    out_shape=tuple(out_shape),
+    grid=(pl.cdiv(rows, br),),
+    in_specs=[b for b, k in zip(blocks, keep, strict=False) if k],
+    out_specs=tuple(out_blocks),
+    name="jaxnorm_row_norm_fwd",
+    **_compiler_params(platform, br, dp),
+  )(*(o for o, k in zip(operands, keep, strict=False) if k))
+  return outs[0], (outs[1] if spec.has_residual else None)
+
+
+def _backward_on(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype):
+  rows = x.shape[0]
+  br, dp = _blocks(platform, rows, spec.d)
+  nb = pl.cdiv(rows, br)
+  operands = [x, scale, mask, eps, dy, dh]
+  row, scalar = _row_block(br, dp), pl.BlockSpec((1, 1), lambda i: (0, 0))
+  blocks = [row, _shared_block(dp), row, scalar, row, row]
+  keep = [o is not None for o in operands]
+  partial = jax.ShapeDtypeStruct((nb, 1, spec.d), jnp.float32)
+  partial_block = pl.BlockSpec((1, 1, dp), lambda i: (i, 0, 0))
+  out_shape = [jax.ShapeDtypeStruct(x.shape, dx_dtype)]
+  out_blocks = [_row_block(br, dp)]
+  for present in (spec.has_scale, spec.has_bias):
+    if present:
+      out_shape.append(partial)
+      out_blocks.append(partial_block)
+  outs = pl.pallas_call(
+    functools.partial(_backward_kernel, spec=spec, rows=rows, br=br),
+    out_shape=tuple(out_shape),
+    grid=(nb,),
+    in_specs=[b for b, k in zip(blocks, keep, strict=False) if k],
+    out_specs=tuple(out_blocks),
+    name="jaxnorm_row_norm_bwd",
+    **_compiler_params(platform, br, dp),
+  )(*(o for o, k in zip(operands, keep, strict=False) if k))
+  outs = list(outs)
+  dx = outs.pop(0)
+  dscale = outs.pop(0).sum((0, 1)) if spec.has_scale else None
+  dbias = outs.pop(0).sum((0, 1)) if spec.has_bias else None
+  return dx, dscale, dbias
+
+
+def _per_platform(fn, *args):
+  """``fn(platform, *args)`` lowered per platform: Triton on GPUs, Mosaic on TPU, the
+  interpreter elsewhere (CPU)."""
+  leaves, tree = jax.tree.flatten(args)
+
+  def branch(platform):
+    return lambda *leaves: fn(platform, *jax.tree.unflatten(tree, leaves))
+
+  return lax.platform_dependent(
+    *leaves, cuda=branch("gpu"), rocm=branch("gpu"), tpu=branch("tpu"), default=branch("interpret")
+  )
+
+
+def forward(
+  spec: RowSpec,
+  x: jax.Array,
+  residual: jax.Array | None,
+  scale: jax.Array | None,
+  bias: jax.Array | None,
+  mask: jax.Array | None,
+  epsilon: jax.Array,
+  y_dtype: Any,
+  h_dtype: Any,
+) -> tuple[jax.Array, jax.Array | None]:
+  """``(y, h)`` of rows ``x`` (``(R, D)``; ``residual`` added first when given, ``h`` then
+  the sum in ``h_dtype``, else None); ``scale``/``bias`` of shape ``(1, D)``, ``mask``
+  ``(R, D)`` int8, ``epsilon`` a ``(1, 1)`` float32 array."""
+  fn = functools.partial(_forward_on, y_dtype=jnp.dtype(y_dtype), h_dtype=h_dtype)
+  return _per_platform(lambda p, *a: fn(p, spec, *a), x, residual, scale, bias, mask, epsilon)
+
+
+def backward(
+  spec: RowSpec,
+  x: jax.Array,
+  scale: jax.Array | None,
+  mask: jax.Array | None,
+  epsilon: jax.Array,
+  dy: jax.Array,
+  dh: jax.Array | None,
+  dx_dtype: Any,
+) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
+  """``(dx, dscale, dbias)`` for the cotangent ``dy`` of :func:`forward`'s ``y`` at rows
+  ``x`` (the normalized input: ``h`` for Add & Norm, whose cotangent ``dh`` is added to
+  ``dx``); ``dscale``/``dbias`` of shape ``(D,)`` in float32, None when absent."""
+  fn = functools.partial(_backward_on, dx_dtype=jnp.dtype(dx_dtype))
+  return _per_platform(lambda p, *a: fn(p, spec, *a), x, scale, mask, epsilon, dy, dh)
