@@ -112,10 +112,18 @@ def _norm(
   zero_centered_scale: bool = False,
 ) -> tuple[jax.Array, Moments]:
   """The body of every per-sample norm: the parameters checked and shaped, then the kernel."""
-  gamma, beta = affine_params(scale, bias, x.shape, cfg)
+  gamma, beta = _affine_params(scale, bias, x.shape, cfg, zero_centered_scale)
+  return affine_normalize(x, gamma, beta, cfg, epsilon=epsilon, mask=mask)
+
+
+def _affine_params(
+  scale: Any, bias: Any, shape: tuple[int, ...], cfg: Config, zero_centered_scale: bool
+) -> tuple[jax.Array | None, jax.Array | None]:
+  """``(γ, β)`` checked and shaped (``affine_params``), γ as ``1 + γ`` when zero-centred."""
+  gamma, beta = affine_params(scale, bias, shape, cfg)
   if gamma is not None and zero_centered_scale:
     gamma = 1 + gamma
-  return affine_normalize(x, gamma, beta, cfg, epsilon=epsilon, mask=mask)
+  return gamma, beta
 
 
 def layer_norm(
@@ -164,8 +172,10 @@ def layer_norm(
   """
   with jax.named_scope("jaxnorm.layer_norm"):
     opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
-    axes = dict(reduction_axes=reduction_axes, feature_axes=feature_axes)
-    return _trailing_norm(x, None, scale, bias, None, axes, epsilon, mask, implementation, opts)[0]
+    return _trailing_norm(
+      x, None, scale, bias, reduction_axes=reduction_axes, feature_axes=feature_axes,
+      epsilon=epsilon, mask=mask, implementation=implementation, **opts,
+    )[0]  # fmt: skip
 
 
 def rms_norm(
@@ -212,14 +222,11 @@ def rms_norm(
   """
   with jax.named_scope("jaxnorm.rms_norm"):
     opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
-    axes = dict(
-      reduction_axes=reduction_axes,
-      feature_axes=feature_axes,
-      center=False,
-      epsilon_in_root=epsilon_in_root,
-      zero_centered_scale=zero_centered_scale,
-    )
-    return _trailing_norm(x, None, scale, bias, None, axes, epsilon, mask, implementation, opts)[0]
+    return _trailing_norm(
+      x, None, scale, bias, reduction_axes=reduction_axes, feature_axes=feature_axes,
+      epsilon=epsilon, mask=mask, implementation=implementation, center=False,
+      epsilon_in_root=epsilon_in_root, zero_centered_scale=zero_centered_scale, **opts,
+    )[0]  # fmt: skip
 
 
 def add_layer_norm(
@@ -265,9 +272,11 @@ def add_layer_norm(
   ([[-1.0, 1.0]], [[3.0, 7.0]])
   """
   opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
-  axes = dict(reduction_axes=reduction_axes, feature_axes=feature_axes)
-  y, h = _trailing_norm(x, residual, scale, bias, residual_dtype, axes, epsilon, mask,
-                        implementation, opts)  # fmt: skip
+  y, h = _trailing_norm(
+    x, residual, scale, bias, residual_dtype=residual_dtype, reduction_axes=reduction_axes,
+    feature_axes=feature_axes, epsilon=epsilon, mask=mask, implementation=implementation,
+    **opts,
+  )  # fmt: skip
   return y, jnp.asarray(h)
 
 
@@ -298,15 +307,12 @@ def add_rms_norm(
   [[0.8485 1.1314]] [[3. 4.]]
   """
   opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
-  axes = dict(
-    reduction_axes=reduction_axes,
-    feature_axes=feature_axes,
-    center=False,
-    epsilon_in_root=epsilon_in_root,
-    zero_centered_scale=zero_centered_scale,
-  )
-  y, h = _trailing_norm(x, residual, scale, bias, residual_dtype, axes, epsilon, mask,
-                        implementation, opts)  # fmt: skip
+  y, h = _trailing_norm(
+    x, residual, scale, bias, residual_dtype=residual_dtype, reduction_axes=reduction_axes,
+    feature_axes=feature_axes, epsilon=epsilon, mask=mask, implementation=implementation,
+    center=False, epsilon_in_root=epsilon_in_root, zero_centered_scale=zero_centered_scale,
+    **opts,
+  )  # fmt: skip
   return y, jnp.asarray(h)
 
 
@@ -315,20 +321,21 @@ def _trailing_norm(
   residual: Any,
   scale: Any,
   bias: Any,
-  residual_dtype: Any,
-  axes: dict[str, Any],
+  *,
+  reduction_axes: Axes,
+  feature_axes: Axes,
   epsilon: Any,
   mask: Any,
   implementation: Any,
-  opts: dict[str, Any],
+  residual_dtype: Any = None,
+  zero_centered_scale: bool = False,
+  **settings: Any,
 ) -> tuple[jax.Array, jax.Array | None]:
   """The body of LayerNorm and RMSNorm, with (Add & Norm) or without a residual: ``(y, h)``
-  (``h`` None without). ``axes`` holds the axes and the RMS options, ``opts`` the keywords
-  of :func:`~jaxnorm._config.configure`; the row kernels run where asked and applicable."""
+  (``h`` None without). ``settings`` are :func:`~jaxnorm._config.configure`'s keywords (the
+  dtypes, devices, ``center``, ``epsilon_in_root``); the row kernels run where asked and
+  applicable."""
   check_implementation(implementation)
-  axes = dict(axes)
-  zero_centered = axes.pop("zero_centered_scale", False)
-  reduction_axes, feature_axes = axes.pop("reduction_axes"), axes.pop("feature_axes")
   x = jnp.asarray(x)
   h_dtype = None
   if residual is not None:
@@ -336,19 +343,17 @@ def _trailing_norm(
   normalized = x if residual is None else jnp.zeros((), h_dtype)  # (configure reads dtypes)
   reduced = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
   features = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
-  cfg = configure(normalized, reduced, features, scale, bias, **axes, **opts)
+  cfg = configure(normalized, reduced, features, scale, bias, **settings)
   if residual is not None:  # y in the dtype the norm of x would have (Flax's rule)
-    cfg = cfg._replace(out_dtype=output_dtype(x, scale, bias, dtype=opts["dtype"]))
+    cfg = cfg._replace(out_dtype=output_dtype(x, scale, bias, dtype=settings["dtype"]))
   if use_kernels(implementation, kernel_misfit(x, cfg, scale, bias)):
-    gamma, beta = affine_params(scale, bias, x.shape, cfg)
-    if gamma is not None and zero_centered:
-      gamma = 1 + gamma
+    gamma, beta = _affine_params(scale, bias, x.shape, cfg, zero_centered_scale)
     return normalize_rows(x, gamma, beta, cfg, epsilon=epsilon, mask=mask, residual=residual,
                           residual_dtype=h_dtype)  # fmt: skip
   if residual is None:
-    return _norm(x, scale, bias, cfg, epsilon, mask, zero_centered)[0], None
-  h = residual_sum(x, residual, residual_dtype)
-  return _norm(h, scale, bias, cfg, epsilon, mask, zero_centered)[0], h
+    return _norm(x, scale, bias, cfg, epsilon, mask, zero_centered_scale)[0], None
+  h = residual_sum(x, residual, h_dtype)
+  return _norm(h, scale, bias, cfg, epsilon, mask, zero_centered_scale)[0], h
 
 
 def residual_sum(x: Any, residual: Any, residual_dtype: Any = None) -> jax.Array:

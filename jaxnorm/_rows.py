@@ -112,7 +112,7 @@ def normalize_rows(
   eps = jnp.reshape(jnp.asarray(check_epsilon(epsilon), jnp.float32), (1, 1))
   row_cfg = cfg._replace(axes=(1,), features=(1,))
   h_dtype = None if residual is None else jnp.dtype(residual_dtype)
-  y, h = _rows(
+  y, h = _compiled_rows(
     (spec, row_cfg, h_dtype), rows(x), rows(residual), params(scale), params(bias), m, eps
   )
   return y.reshape(shape), (None if h is None else h.reshape(shape))
@@ -138,12 +138,14 @@ def _rows_jvp(static, primals, tangents):
   lin = tuple(t for t, keep in zip(tangents[:4], live, strict=False) if keep)
   normalized = x if h is None else h
   res = _first_order((normalized, scale, bias, mask, eps))
-  zeros = tuple(jnp.zeros(p.shape, p.dtype) if p is not None else None for p in primals[:4])
 
   def tangent(res, lin):
     hh, g, b, m, e = res
-    it = iter(lin)
-    dx, dres, dg, db = (next(it) if keep else z for keep, z in zip(live, zeros, strict=False))
+    it = iter(lin)  # the tangents given, in order; zeros for the absent ones
+    dx, dres, dg, db = (
+      next(it) if keep else (None if p is None else jnp.zeros(p.shape, p.dtype))
+      for keep, p in zip(live, primals[:4], strict=True)
+    )
     dx = jnp.asarray(dx)  # (x is always there; only the typing allows None)
     dh = dx if residual is None else dx.astype(h_dtype) + jnp.asarray(dres).astype(h_dtype)
     args = [(hh, dh)] + [(p, t) for p, t in ((g, dg), (b, db)) if p is not None]
@@ -186,6 +188,10 @@ def _rows_jvp(static, primals, tangents):
 
 
 _rows.defjvp(_rows_jvp, symbolic_zeros=True)
+
+# Compiled once per shape and kernel, as the XLA path's kernel is (eager calls run one
+# program); under an outer jit this is inlined.
+_compiled_rows = jax.jit(_rows, static_argnums=(0,))
 
 
 def _with_params(scale, bias, given):
