@@ -111,6 +111,10 @@ def _plain(kind, dtype):
   return fn
 
 
+def _norm_of(kind):
+  return kind[len("add_") :] if kind.startswith("add_") else kind
+
+
 def _module(lib, kind, ndim, dtype):
   kw = {} if dtype == jnp.float32 else {"dtype": dtype}
   if kind == "batch_train":
@@ -154,14 +158,21 @@ def inputs(kind, shape, dtype):
   return (x, residual), (cot, jax.random.normal(jax.random.key(4), shape, jnp.float32))
 
 
-def build(kind, x, dtype, cot, libs=None):
+def build(kind, x, dtype, cot, libs=None, pallas=False):
   """Returns {impl: (forward, fwd+bwd, args, cotangent)} for jaxnorm, flax, plain jnp and
-  the peers in ``libs`` (:mod:`peers`; each is first checked to compute Flax's output)."""
+  the peers in ``libs`` (:mod:`peers`; each is first checked to compute Flax's output);
+  with ``pallas``, also jaxnorm's Pallas row kernels (``jaxnorm-pallas``) where they apply
+  (LayerNorm, RMSNorm and Add & Norm over the last axis)."""
   add = kind.startswith("add_")
   x0 = x[0] if add else x
   impls = {}
-  for name, lib in (("jaxnorm", jaxnorm), ("flax", nn)):
+  libs_here = [("jaxnorm", jaxnorm), ("flax", nn)]
+  if pallas and _norm_of(kind) in ("layer", "rms") and x0.ndim == 3:
+    libs_here.append(("jaxnorm-pallas", jaxnorm))
+  for name, lib in libs_here:
     module = _module(lib, kind, x0.ndim, dtype)
+    if name == "jaxnorm-pallas":
+      module = module.clone(implementation="pallas")
     variables = _module(nn, kind, x0.ndim, dtype).init(jax.random.key(0), x0)
     if "batch_stats" in variables:  # non-trivial running statistics for inference
       variables["batch_stats"] = {
@@ -173,7 +184,7 @@ def build(kind, x, dtype, cot, libs=None):
 
     def forward(params, x, rest, module=module, mutable=mutable, name=name):
       v = {"params": params, **rest}
-      if add and name == "jaxnorm":
+      if add and name.startswith("jaxnorm"):
         return module.apply(v, x[0], residual=x[1])
       if add:  # Flax: the add, then the norm
         h = x[0].astype(jnp.float32) + x[1]
@@ -264,7 +275,7 @@ def geomean(values):
   return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
-def run(shapes, repeats, dtypes, only=None, libs=None):
+def run(shapes, repeats, dtypes, only=None, libs=None, pallas=False):
   rows = []
   for dtype_name in dtypes:
     dtype = DTYPES[dtype_name]
@@ -273,7 +284,7 @@ def run(shapes, repeats, dtypes, only=None, libs=None):
         continue
       x, cot = inputs(kind, shapes[shape_name], dtype)
       x0 = x[0] if isinstance(x, tuple) else x
-      impls = build(kind, x, dtype, cot, libs)
+      impls = build(kind, x, dtype, cot, libs, pallas)
       floor = floors(x0)
       for p, pass_name in ((0, "forward"), (1, "fwd+bwd")):
         fns = {name: impl[p] for name, impl in impls.items()}
@@ -292,7 +303,8 @@ def run(shapes, repeats, dtypes, only=None, libs=None):
         row["ratio_bytes"] = row["jaxnorm"]["bytes_x"] / row["flax"]["bytes_x"]
         row["jnp_ratio_time"] = row["jnp"]["ms"] / row["flax"]["ms"]
         # The best peer: Flax and every library of the suite (not the hand-written jnp).
-        best = min((n for n in fns if n not in ("jaxnorm", "jnp")), key=lambda n: row[n]["ms"])
+        ours = ("jaxnorm", "jaxnorm-pallas", "jnp")
+        best = min((n for n in fns if n not in ours), key=lambda n: row[n]["ms"])
         row["best_peer"] = best
         row["ratio_best_peer"] = row["jaxnorm"]["ms"] / row[best]["ms"]
         rows.append(row)
@@ -302,7 +314,13 @@ def run(shapes, repeats, dtypes, only=None, libs=None):
           f"floor x{row['jaxnorm']['floor_x']:.2f} (flax x{row['flax']['floor_x']:.2f})  "
           f"(jaxnorm {row['jaxnorm']['bytes_x']:.1f}|x|, flax {row['flax']['bytes_x']:.1f}|x|, "
           f"temp {row['jaxnorm']['temp_x']:.1f} vs {row['flax']['temp_x']:.1f}|x|)  "
-          f"best peer {best} x{row['ratio_best_peer']:.3f}",
+          f"best peer {best} x{row['ratio_best_peer']:.3f}"
+          + (
+            f"  pallas floor x{row['jaxnorm-pallas']['floor_x']:.2f}, /flax "
+            f"{row['jaxnorm-pallas']['ms'] / row['flax']['ms']:.3f}"
+            if "jaxnorm-pallas" in row
+            else ""
+          ),
           flush=True,
         )
   return rows
@@ -332,7 +350,25 @@ def summarize(rows):
           (r["jaxnorm"]["temp_x"] - r["flax"]["temp_x"] for r in sel), default=float("nan")
         ),
       )
+      kernels = [r for r in sel if "jaxnorm-pallas" in r]
+      if kernels:  # issue 22's GPU targets, over LayerNorm, RMSNorm and Add & Norm rows
+        out[f"{dtype_name} {pass_name}"]["pallas"] = _kernel_summary(kernels)
   return out
+
+
+def _kernel_summary(rows):
+  """The Pallas kernels against the floor, Flax and tokamax's Triton kernel (where timed)."""
+  k = [r["jaxnorm-pallas"] for r in rows]
+  triton = [
+    r["jaxnorm-pallas"]["ms"] / r["tokamax_triton"]["ms"] for r in rows if "tokamax_triton" in r
+  ]
+  return dict(
+    floor=geomean([v["floor_x"] for v in k]),
+    max_floor=max(v["floor_x"] for v in k),
+    time=geomean([v["ms"] / r["flax"]["ms"] for v, r in zip(k, rows, strict=True)]),
+    max_time=max(v["ms"] / r["flax"]["ms"] for v, r in zip(k, rows, strict=True)),
+    max_vs_tokamax_triton=max(triton, default=float("nan")),
+  )
 
 
 def write(out_dir, rows, summary, device, args):
@@ -428,8 +464,10 @@ def write(out_dir, rows, summary, device, args):
 
 
 def _implementations(rows):
-  """Every implementation timed, in a fixed order: jaxnorm, flax, jnp, then the peers."""
-  names = ["jaxnorm", "flax", "jnp"]
+  """Every implementation timed, in a fixed order: jaxnorm (and its Pallas kernels), flax,
+  jnp, then the peers."""
+  names = ["jaxnorm"] + ["jaxnorm-pallas"] * any("jaxnorm-pallas" in r for r in rows)
+  names += ["flax", "jnp"]
   for r in rows:
     names += [k for k, v in r.items() if isinstance(v, dict) and "ms" in v and k not in names]
   return names
@@ -443,13 +481,22 @@ def main(argv=None):
   ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
   ap.add_argument("--only", nargs="+", help="cases whose 'norm/shape' contains one of these")
   ap.add_argument("--no-peers", action="store_true", help="time jaxnorm, flax and jnp only")
+  ap.add_argument(
+    "--pallas",
+    choices=("auto", "on", "off"),
+    default="auto",
+    help="also time implementation='pallas' (auto: on GPUs and TPUs; on the CPU the kernels "
+    "run in Pallas's interpreter, a correctness tool whose times mean nothing)",
+  )
   args = ap.parse_args(argv)
   dev = jax.devices()[0]
+  pallas = args.pallas == "on" or (args.pallas == "auto" and dev.platform in ("gpu", "tpu"))
   device = f"{dev.platform}: {dev.device_kind} (×{len(jax.devices())})"
   print(f"measuring on {device}", flush=True)
   libs = {} if args.no_peers else peers.available()
   print(f"peers: {', '.join(libs) or 'none'} (pip install -e '.[bench]' for all)", flush=True)
-  rows = run(QUICK_SHAPES if args.quick else SHAPES, args.repeats, args.dtypes, args.only, libs)
+  shapes = QUICK_SHAPES if args.quick else SHAPES
+  rows = run(shapes, args.repeats, args.dtypes, args.only, libs, pallas)
   summary = summarize(rows)
   for key, s in summary.items():
     print(
@@ -459,6 +506,13 @@ def main(argv=None):
       f"of temporaries {s['max_temp_excess_x']:+.4f}|x|; jaxnorm / best peer "
       f"{s['best_peer_time']:.3f} (worst case {s['max_best_peer']:.3f})"
     )
+    if "pallas" in s:
+      k = s["pallas"]
+      print(
+        f"{key}: pallas kernels floor x{k['floor']:.2f} (worst x{k['max_floor']:.2f}), "
+        f"/flax {k['time']:.3f} (worst {k['max_time']:.3f}), worst / tokamax triton "
+        f"{k['max_vs_tokamax_triton']:.3f}"
+      )
   write(args.out, rows, summary, device, args)
   print(json.dumps(dict(device=device, summary=summary)))
 
