@@ -111,10 +111,6 @@ def _plain(kind, dtype):
   return fn
 
 
-def _norm_of(kind):
-  return kind[len("add_") :] if kind.startswith("add_") else kind
-
-
 def _module(lib, kind, ndim, dtype):
   kw = {} if dtype == jnp.float32 else {"dtype": dtype}
   if kind == "batch_train":
@@ -166,10 +162,10 @@ def build(kind, x, dtype, cot, libs=None, pallas=False):
   add = kind.startswith("add_")
   x0 = x[0] if add else x
   impls = {}
-  libs_here = [("jaxnorm", jaxnorm), ("flax", nn)]
-  if pallas and _norm_of(kind) in ("layer", "rms") and x0.ndim == 3:
-    libs_here.append(("jaxnorm-pallas", jaxnorm))
-  for name, lib in libs_here:
+  front_ends = [("jaxnorm", jaxnorm), ("flax", nn)]
+  if pallas and peers.norm_kind(kind) in ("layer", "rms") and x0.ndim == 3:
+    front_ends.append(("jaxnorm-pallas", jaxnorm))
+  for name, lib in front_ends:
     module = _module(lib, kind, x0.ndim, dtype)
     if name == "jaxnorm-pallas":
       module = module.clone(implementation="pallas")
@@ -358,16 +354,17 @@ def summarize(rows):
 
 def _kernel_summary(rows):
   """The Pallas kernels against the floor, Flax and tokamax's Triton kernel (where timed)."""
-  k = [r["jaxnorm-pallas"] for r in rows]
-  triton = [
-    r["jaxnorm-pallas"]["ms"] / r["tokamax_triton"]["ms"] for r in rows if "tokamax_triton" in r
-  ]
+  floor = [r["jaxnorm-pallas"]["floor_x"] for r in rows]
+  vs = {
+    peer: [r["jaxnorm-pallas"]["ms"] / r[peer]["ms"] for r in rows if peer in r]
+    for peer in ("flax", "tokamax_triton")
+  }
   return dict(
-    floor=geomean([v["floor_x"] for v in k]),
-    max_floor=max(v["floor_x"] for v in k),
-    time=geomean([v["ms"] / r["flax"]["ms"] for v, r in zip(k, rows, strict=True)]),
-    max_time=max(v["ms"] / r["flax"]["ms"] for v, r in zip(k, rows, strict=True)),
-    max_vs_tokamax_triton=max(triton, default=float("nan")),
+    floor=geomean(floor),
+    max_floor=max(floor),
+    time=geomean(vs["flax"]),
+    max_time=max(vs["flax"]),
+    max_vs_tokamax_triton=max(vs["tokamax_triton"], default=float("nan")),
   )
 
 

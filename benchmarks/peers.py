@@ -25,7 +25,8 @@ def _eps(kind):
   return EPS.get(kind, 1e-6)
 
 
-def _norm_kind(kind):
+def norm_kind(kind):
+  """The norm of a suite case (``add_rms`` → ``rms``)."""
   return kind[len("add_") :] if kind.startswith("add_") else kind
 
 
@@ -64,7 +65,7 @@ def equinox(eqx, kind, x, dtype):
   """Equinox's LayerNorm, RMSNorm, GroupNorm (and InstanceNorm as GroupNorm with one
   channel per group); None for BatchNorm (its ``State`` protocol is timed by issue 23's
   front end)."""
-  base = _norm_kind(kind)
+  base = norm_kind(kind)
   x = x[0] if isinstance(x, tuple) else x
   c = x.shape[-1]
   if base == "layer":
@@ -90,14 +91,14 @@ def equinox(eqx, kind, x, dtype):
 
 def _layout(kind):
   """The map from the suite's NHWC arrays to the layout Equinox's module takes."""
-  if _norm_kind(kind) in ("group", "instance"):  # GroupNorm: channels first (NCHW)
+  if norm_kind(kind) in ("group", "instance"):  # GroupNorm: channels first (NCHW)
     return lambda a: jnp.moveaxis(a, -1, 1)
   return lambda a: a
 
 
 def haiku(hk, kind, x, dtype):
   """Haiku's LayerNorm, RMSNorm, GroupNorm, InstanceNorm and BatchNorm."""
-  base = _norm_kind(kind)
+  base = norm_kind(kind)
   eps = _eps(kind)
 
   def layer(h, training=base == "batch_train"):
@@ -137,7 +138,7 @@ def haiku(hk, kind, x, dtype):
 def tokamax(tk, kind, x, dtype, implementation=None):
   """tokamax's ``layer_norm`` over the last axis (``subtract_mean=False`` for RMSNorm);
   None for the other norms and for LayerNorm over several axes."""
-  base = _norm_kind(kind)
+  base = norm_kind(kind)
   x0 = x[0] if isinstance(x, tuple) else x
   if base not in ("layer", "rms") or x0.ndim == 4:
     return None
