@@ -4,10 +4,12 @@ The pure functions hold all the maths: :func:`normalize`, :func:`layer_norm`,
 :func:`rms_norm`, :func:`instance_norm`, :func:`group_norm` and Add & Norm
 (:mod:`jaxnorm._norms`); :func:`batch_norm`, its layer step :func:`batch_norm_step` and the
 small-batch family :func:`batch_renorm`, :func:`frozen_batch_norm` (:mod:`jaxnorm._batch`);
-:func:`moments` and :func:`update_running_average` (:mod:`jaxnorm._stats`). The Flax linen
-modules (:class:`BatchNorm`, :class:`LayerNorm`, :class:`RMSNorm`, :class:`GroupNorm`,
-:class:`InstanceNorm`, :class:`BatchRenorm`, :class:`FrozenBatchNorm`) are drop-in
-replacements for ``flax.linen``'s and thin layers over them; :mod:`jaxnorm.nnx` holds the
+:func:`moments` and :func:`update_running_average` (:mod:`jaxnorm._stats`); the weight
+reparameterizations :func:`weight_norm` and :func:`spectral_norm` (:mod:`jaxnorm._weights`).
+The Flax linen modules (:class:`BatchNorm`, :class:`LayerNorm`, :class:`RMSNorm`,
+:class:`GroupNorm`, :class:`InstanceNorm`, :class:`BatchRenorm`, :class:`FrozenBatchNorm`,
+and the wrappers :class:`SpectralNorm`, :class:`WeightNorm`) are drop-in replacements for
+``flax.linen``'s and thin layers over them; :mod:`jaxnorm.nnx` holds the
 same modules for ``flax.nnx``; :mod:`jaxnorm.convert` imports PyTorch's norms and
 :mod:`jaxnorm.fold` folds or freezes BatchNorm after training.
 """
@@ -31,6 +33,7 @@ from jaxnorm._norms import (
   rms_norm,
 )
 from jaxnorm._stats import Moments, moments, update_running_average
+from jaxnorm._weights import spectral_norm, weight_norm
 from jaxnorm.fold import batch_norm_epsilons, fold_batch_norm, fold_batch_norms, freeze_batch_norm
 from jaxnorm.linen import (
   BatchNorm,
@@ -40,6 +43,8 @@ from jaxnorm.linen import (
   InstanceNorm,
   LayerNorm,
   RMSNorm,
+  SpectralNorm,
+  WeightNorm,
 )
 
 __version__ = "0.1.0"
@@ -53,6 +58,8 @@ __all__ = [
   "LayerNorm",
   "Moments",
   "RMSNorm",
+  "SpectralNorm",
+  "WeightNorm",
   "add_layer_norm",
   "add_rms_norm",
   "batch_norm",
@@ -73,5 +80,7 @@ __all__ = [
   "normalize",
   "renorm_limits",
   "rms_norm",
+  "spectral_norm",
   "update_running_average",
+  "weight_norm",
 ]

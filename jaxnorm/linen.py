@@ -42,6 +42,7 @@ from jaxnorm._batch import (
 from jaxnorm._config import Config, configure
 from jaxnorm._dtypes import running_stats_dtypes
 from jaxnorm._stats import check_momentum
+from jaxnorm._wrappers_linen import SpectralNorm, WeightNorm  # noqa: F401 (the Linen set)
 
 Initializer = Any
 Dtype = Any

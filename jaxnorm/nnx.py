@@ -56,6 +56,7 @@ from jaxnorm._batch import (
 from jaxnorm._config import configure
 from jaxnorm._dtypes import running_stats_dtypes
 from jaxnorm._stats import check_momentum
+from jaxnorm._wrappers_nnx import SpectralNorm, WeightNorm
 from jaxnorm.fold import batch_norm_labels
 
 __all__ = [
@@ -66,6 +67,8 @@ __all__ = [
   "InstanceNorm",
   "LayerNorm",
   "RMSNorm",
+  "SpectralNorm",
+  "WeightNorm",
   "freeze_batch_norm",
 ]
 

@@ -200,3 +200,26 @@ def ghost_batch_norm(x, k, gamma=None, beta=None, axis=-1, eps=1e-5, mask=None):
   c = np.array(counts)
   total = np.maximum(c.sum(0), 1)
   return np.concatenate(ys), (c * means).sum(0) / total, (c * variances).sum(0) / total
+
+
+def weight_norm(w, g=None, feature_axes=(-1,), eps=1e-12):
+  """Weight normalization: v / sqrt(Σ v² + ε) over the non-feature axes, times g."""
+  w = _f64(w)
+  features = tuple(a % w.ndim for a in feature_axes)
+  reduced = tuple(a for a in range(w.ndim) if a not in features)
+  y = w / np.sqrt(np.sum(w * w, axis=reduced, keepdims=True) + eps)
+  return y if g is None else _affine(y, g, None, features)
+
+
+def spectral_norm(w, u, n_steps=1, eps=1e-12):
+  """Spectral normalization by power iteration from u (1, out) on W = w.reshape(-1, out):
+  v = ℓ2(u Wᵀ), u = ℓ2(v W) n_steps times, σ = v W uᵀ; returns (w / σ, u, σ, v)."""
+  w = _f64(w)
+  m = w.reshape(-1, w.shape[-1])
+  u = _f64(u)
+  l2 = lambda a: a / np.sqrt(np.sum(a * a) + eps)  # noqa: E731
+  for _ in range(n_steps):
+    v = l2(u @ m.T)
+    u = l2(v @ m)
+  sigma = float((v @ m @ u.T)[0, 0])
+  return (m / sigma).reshape(w.shape), u, sigma, v
