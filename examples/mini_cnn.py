@@ -4,11 +4,14 @@
 75/25 split, three convolution blocks (conv → norm → ReLU), Adam, one jit-compiled train
 step. BatchNorm trains on batch statistics (``mutable=['batch_stats']``) and evaluates with
 its running averages, so an image gets the same prediction alone or in a batch. The same
-network is written twice, with the Linen modules (``--api linen``, the default) and with
-``jaxnorm.nnx`` (``--api nnx``: ``nnx.Optimizer``, ``nnx.jit``, ``.train()``/``.eval()``).
+network is written three times, with the Linen modules (``--api linen``, the default),
+with ``jaxnorm.nnx`` (``--api nnx``: ``nnx.Optimizer``, ``nnx.jit``, ``.train()``/``.eval()``)
+and with ``jaxnorm.equinox`` (``--api equinox``, in ``_equinox_cnn.py``: per-image modules
+under ``jax.vmap``, ``eqx.nn.State``; needs ``pip install "jaxnorm[equinox]"``).
 
   python examples/mini_cnn.py --norm batch --epochs 12 --out results/mini_cnn
   python examples/mini_cnn.py --api nnx --norm batch
+  python examples/mini_cnn.py --api equinox --norm batch
 
 Prints a progress bar, then, as its last stdout line, one JSON object with the final
 metrics; saves a plot of training loss and test accuracy per epoch into ``--out``.
@@ -251,8 +254,12 @@ def train(
     step, predict, _ = linen_trainer(norm, x_train[:batch_size], seed, tx, total)
   elif api == "nnx":
     step, predict = nnx_trainer(norm, seed, tx, batch_size, total)
+  elif api == "equinox":
+    from _equinox_cnn import equinox_trainer  # Equinox is optional: imported only here
+
+    step, predict = equinox_trainer(norm, seed, tx)
   else:
-    raise ValueError(f"api must be 'linen' or 'nnx', got {api!r}")
+    raise ValueError(f"api must be 'linen', 'nnx' or 'equinox', got {api!r}")
 
   rng = np.random.default_rng(seed)
   losses, accuracies = [], []
@@ -292,7 +299,9 @@ def train(
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--norm", choices=NORMS, default="batch")
-  ap.add_argument("--api", choices=("linen", "nnx"), default="linen", help="Flax front end")
+  ap.add_argument(
+    "--api", choices=("linen", "nnx", "equinox"), default="linen", help="the front end"
+  )
   ap.add_argument("--batch-size", type=int, default=32)
   ap.add_argument("--epochs", type=int, default=12)
   ap.add_argument("--seed", type=int, default=0)

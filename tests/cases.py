@@ -45,6 +45,7 @@ class Case(NamedTuple):
   train: dict = {}
   running_stats: bool = False  # keeps batch_stats / nnx.BatchStat
   pure_bias: bool = True  # Flax's class has a bias (flax's RMSNorm has none)
+  equinox: bool = False  # jaxnorm.equinox (and eqx.nn) have the class, channels-first
 
   def call(self, x: Any, scale: Any, bias: Any, layout: str | None = None) -> Any:
     """The pure function on an input of ``layout`` (None: channels-last defaults)."""
@@ -89,6 +90,7 @@ CASES = [
     lambda lay: (dict(axis=LAYOUTS[lay][1]), dict(axis=LAYOUTS[lay][1])),
     train=dict(use_running_average=False),
     running_stats=True,
+    equinox=True,
   ),
   Case(
     "layer",
@@ -100,6 +102,7 @@ CASES = [
       dict(reduction_axes=_per_sample(lay), feature_axes=LAYOUTS[lay][1]),
       dict(reduction_axes=_per_sample(lay), feature_axes=LAYOUTS[lay][1]),
     ),
+    equinox=True,
   ),
   Case(
     "rms",
@@ -112,6 +115,7 @@ CASES = [
       dict(axes=LAYOUTS[lay][1]),
     ),
     pure_bias=False,
+    equinox=True,
   ),
   Case(
     "group",
@@ -120,6 +124,7 @@ CASES = [
     "GroupNorm",
     dict(num_groups=2),
     lambda lay: (dict(feature_axis=LAYOUTS[lay][1]), dict(channel_axis=LAYOUTS[lay][1])),
+    equinox=True,
   ),
   Case(
     "instance",
@@ -131,5 +136,6 @@ CASES = [
   ),
 ]
 IDS = [c.name for c in CASES]
+EQUINOX = [c for c in CASES if c.equinox]  # jaxnorm.equinox's classes, the same names
 NAMES = [c.module for c in CASES]  # the class names, in jaxnorm, jaxnorm.nnx and Flax
 BY_NAME = {c.module: c for c in CASES}

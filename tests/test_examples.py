@@ -89,6 +89,20 @@ def test_mini_cnn_renorm_and_ghost_train(capsys, tmp_path):
     assert result["final_loss"] < result["initial_loss"]
 
 
+def test_mini_cnn_equinox_trains(capsys):
+  """--api equinox with BatchNorm (its State, inference_mode)."""
+  pytest.importorskip("equinox")
+  result = mini_cnn.train("batch", batch_size=64, epochs=2, out=None, progress=False, api="equinox")
+  assert result["api"] == "equinox" and result["final_loss"] < result["initial_loss"]
+  assert result["test_accuracy"] > 0.3
+
+
+def test_mini_cnn_equinox_names_the_norms_it_has():
+  pytest.importorskip("equinox")
+  with pytest.raises(ValueError, match="--api equinox has the norms"):
+    mini_cnn.main(["--api", "equinox", "--norm", "renorm", "--epochs", "1", "--out", ""])
+
+
 def test_mini_cnn_batchnorm_eval_is_per_image(rng):
   """With running averages, an image gets the same logits alone or in a batch."""
   model = mini_cnn.CNN("batch")

@@ -13,7 +13,7 @@ from sphinx.util import logging
 
 LOG = logging.getLogger(__name__)
 # The modules whose public names make the API; jaxnorm's own is its __all__.
-MODULES = ("jaxnorm", "jaxnorm.nnx", "jaxnorm.convert")
+MODULES = ("jaxnorm", "jaxnorm.nnx", "jaxnorm.equinox", "jaxnorm.convert")
 METHODS = ("__call__", "linen", "nnx", "set_view")
 
 
