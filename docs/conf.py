@@ -61,6 +61,7 @@ nitpick_ignore_regex = [
   (r"py:.*", r"(Any|Array|ArrayLike|Callable|Sequence|Mapping|Iterable|NamedTuple|Self)"),
   (r"py:.*", r"(int|float|bool|str|dict|list|tuple|None|object|type|Ellipsis)"),
   (r"py:.*", r"(Axes|Dtype|DTypeLike|PRNGKey|Shape|Initializer|Module|Rngs|Variable)"),
+  (r"py:.*", r"(jaxtyping|equinox|eqx)(\..*)?"),  # Equinox's field annotations
 ]
 
 html_theme = "sphinx_book_theme"

@@ -79,8 +79,8 @@ class LayerNorm(eqx.nn.LayerNorm):
     eps: added to the variance (Equinox's default 1e-5).
     use_weight: whether there is a learnable ``weight`` (ones).
     use_bias: whether there is a learnable ``bias`` (zeros).
-    weight: the scale, ``shape``, or None.
-    bias: the shift, ``shape``, or None.
+    weight (jax.Array | None): the scale, ``shape``, or None.
+    bias (jax.Array | None): the shift, ``shape``, or None.
 
   >>> import jax, jax.numpy as jnp, jaxnorm.equinox as jeqx
   >>> norm = jeqx.LayerNorm(4)
@@ -130,8 +130,8 @@ class RMSNorm(eqx.nn.RMSNorm):
     eps: added to the mean square (Equinox's default 1e-5).
     use_weight: whether there is a learnable ``weight`` (ones).
     use_bias: whether there is a learnable ``bias`` (zeros; Equinox's default True).
-    weight: the scale, ``shape``, or None.
-    bias: the shift, ``shape``, or None.
+    weight (jax.Array | None): the scale, ``shape``, or None.
+    bias (jax.Array | None): the shift, ``shape``, or None.
 
   >>> import jax, jax.numpy as jnp, jaxnorm.equinox as jeqx
   >>> jax.vmap(jeqx.RMSNorm(2))(jnp.array([[3.0, 4.0]])).round(4)
@@ -171,8 +171,8 @@ class GroupNorm(eqx.nn.GroupNorm):
     channels: the number of channels (may be None without affine parameters).
     eps: added to the variance (Equinox's default 1e-5).
     channelwise_affine: whether there are per-channel ``weight`` and ``bias``.
-    weight: the scale, ``(channels,)``, or None.
-    bias: the shift, ``(channels,)``, or None.
+    weight (jax.Array | None): the scale, ``(channels,)``, or None.
+    bias (jax.Array | None): the shift, ``(channels,)``, or None.
 
   >>> import jax, jax.numpy as jnp, jaxnorm.equinox as jeqx
   >>> x = jnp.arange(8.0).reshape(1, 4, 2)
@@ -220,8 +220,8 @@ class BatchNorm(eqx.nn.BatchNorm):
     averages themselves, updated first (the first batch fills them).
 
   Attributes:
-    weight: the per-channel scale, or None.
-    bias: the per-channel shift, or None.
+    weight (jax.Array | None): the per-channel scale, or None.
+    bias (jax.Array | None): the per-channel shift, or None.
     axis_name: the name (or names) of the mapped batch axis.
     inference: use the running statistics (toggled by ``eqx.nn.inference_mode``).
     input_size: the number of channels.
