@@ -62,9 +62,23 @@ def _batched_mask(mask: jax.Array | None) -> jax.Array | None:
   return None if mask is None else jnp.asarray(mask)[None]
 
 
-def _example_axes(ndim: int) -> tuple[int, ...]:
-  """Every axis of one example, seen as a batch of one (axis 0 is that batch)."""
-  return tuple(range(1, ndim + 1))
+def _whole_example(name: str, fn: Any, module: Any, x: jax.Array, state: Any, mask: Any) -> Any:
+  """LayerNorm's and RMSNorm's call: ``fn`` over every axis of one example of ``module.shape``
+  (a batch of one), the elementwise weight and bias, the output in ``x``'s dtype."""
+  _check_shape(name, module.shape, x)
+  with jax.named_scope(f"jaxnorm.equinox.{name}"):
+    axes = tuple(range(1, x.ndim + 1))  # every axis of the example; axis 0 is the batch of one
+    y = fn(
+      x[None],
+      module.weight,
+      module.bias,
+      reduction_axes=axes,
+      feature_axes=axes,
+      epsilon=module.eps,
+      mask=_batched_mask(mask),
+      dtype=x.dtype,
+    )[0]
+  return _with_state(y, state)
 
 
 class LayerNorm(eqx.nn.LayerNorm):
@@ -103,20 +117,7 @@ class LayerNorm(eqx.nn.LayerNorm):
     Returns:
       The output in ``x``'s dtype, or ``(output, state)``.
     """
-    _check_shape("LayerNorm", self.shape, x)
-    with jax.named_scope("jaxnorm.equinox.LayerNorm"):
-      axes = _example_axes(x.ndim)
-      y = layer_norm(
-        x[None],
-        self.weight,
-        self.bias,
-        reduction_axes=axes,
-        feature_axes=axes,
-        epsilon=self.eps,
-        mask=_batched_mask(mask),
-        dtype=x.dtype,
-      )[0]
-    return _with_state(y, state)
+    return _whole_example("LayerNorm", layer_norm, self, x, state, mask)
 
 
 class RMSNorm(eqx.nn.RMSNorm):
@@ -143,20 +144,7 @@ class RMSNorm(eqx.nn.RMSNorm):
   ) -> Any:
     """Normalizes one example ``x`` of shape ``shape``; arguments as
     :meth:`LayerNorm.__call__`."""
-    _check_shape("RMSNorm", self.shape, x)
-    with jax.named_scope("jaxnorm.equinox.RMSNorm"):
-      axes = _example_axes(x.ndim)
-      y = rms_norm(
-        x[None],
-        self.weight,
-        self.bias,
-        reduction_axes=axes,
-        feature_axes=axes,
-        epsilon=self.eps,
-        mask=_batched_mask(mask),
-        dtype=x.dtype,
-      )[0]
-    return _with_state(y, state)
+    return _whole_example("RMSNorm", rms_norm, self, x, state, mask)
 
 
 class GroupNorm(eqx.nn.GroupNorm):
