@@ -6,8 +6,8 @@ replaces the call. Fixed (google/flax#5576, #5577): Flax's NNX call writes the n
 weight back into the wrapped layer's parameter, so the raw weight is lost, each call
 normalizes an already normalized weight and the optimizer steps in the wrong
 parameterization; here the normalized weight is swapped in for the wrapped call only and the
-raw one put back. WeightNorm's ``scales`` are ``nnx.Param`` (Flax keeps bare arrays, which
-no gradient or optimizer reaches). Only ``nnx.Param`` variables are normalized.
+raw one put back. WeightNorm's ``scales`` are ``nnx.Param`` (Flax up to 0.12.10 keeps bare
+arrays, which no gradient or optimizer reaches). Only ``nnx.Param`` variables are normalized.
 """
 
 from __future__ import annotations
@@ -125,8 +125,10 @@ class WeightNorm(nnx.WeightNorm):
 
   def __init__(self, layer_instance: nnx.Module, **kwargs: Any) -> None:
     super().__init__(layer_instance, **kwargs)
-    if self.scales is not None:
-      self.scales = nnx.data({path: nnx.Param(s) for path, s in self.scales.items()})
+    if self.scales is not None:  # Flax >= 0.12.11 makes them nnx.Param itself
+      self.scales = nnx.data(
+        {path: s if isinstance(s, nnx.Param) else nnx.Param(s) for path, s in self.scales.items()}
+      )
 
   def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
     """Runs the wrapped layer on ``x`` (and any further arguments) with its selected
