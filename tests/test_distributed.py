@@ -208,6 +208,37 @@ def test_pmap_and_axis_index_groups(rng):
   )
 
 
+@pytest.mark.parametrize("groups", [None, 4], ids=["whole_axis", "groups_of_8"])
+def test_vmap_over_many_members_masks_and_groups(rng, groups):
+  """Under vmap every example is a member: beyond 16 members the statistics combine in two
+  psums instead of one gather, and axis_index_groups (refused by lax.psum under vmap) are
+  summed group by group. Both exact with unequal counts, an empty member and |mean| >> std."""
+  n = 32
+  x = rng.normal(1e3, 1.0, (n, 3, 5)).astype(np.float32)
+  mask = rng.random((n, 3, 1)) < 0.6
+  mask[5] = False  # a member with no valid element
+  index_groups = None if groups is None else [list(range(i, i + 8)) for i in range(0, n, 8)]
+
+  def one(r, m):
+    y, stats = jaxnorm.batch_norm(
+      r[None], mask=m[None], axis_name="b", axis_index_groups=index_groups
+    )
+    return y[0], stats.mean, stats.var, stats.count
+
+  y, mean, var, count = map(np.asarray, jax.vmap(one, axis_name="b")(x, mask))
+  spans = [range(n)] if groups is None else [range(i, i + 8) for i in range(0, n, 8)]
+  for span in spans:
+    rows = list(span)
+    expected_y, expected_mean, expected_var = ref.batch_norm(x[rows], mask=mask[rows])
+    valid = np.broadcast_to(mask[rows], x[rows].shape)
+    np.testing.assert_allclose(y[rows][valid], expected_y[valid], atol=2e-4)
+    np.testing.assert_allclose(mean[rows], expected_mean[None].repeat(len(rows), 0), rtol=1e-6)
+    np.testing.assert_allclose(var[rows], expected_var[None].repeat(len(rows), 0), rtol=1e-3)
+    np.testing.assert_array_equal(count[rows], valid.sum() / 5)
+  if groups is not None:  # the groups' statistics differ from the whole axis's
+    assert np.abs(var[0] - var[8]).max() > 0.05
+
+
 def test_flax_vmap_with_axis_name(rng):
   x = rng.normal(1.0, 2.0, (4, 6, 3)).astype(np.float32)
   vmapped = nn.vmap(
