@@ -4,7 +4,8 @@ The pure functions hold all the maths: :func:`normalize`, :func:`layer_norm`,
 :func:`rms_norm`, :func:`instance_norm`, :func:`group_norm` and Add & Norm
 (:mod:`jaxnorm._norms`); :func:`batch_norm`, its layer step :func:`batch_norm_step` and the
 small-batch family :func:`batch_renorm`, :func:`frozen_batch_norm` (:mod:`jaxnorm._batch`);
-:func:`moments` and :func:`update_running_average` (:mod:`jaxnorm._stats`); the weight
+:func:`moments`, :func:`update_running_average` and :func:`debiased_average`
+(:mod:`jaxnorm._stats`); the weight
 reparameterizations :func:`weight_norm` and :func:`spectral_norm` (:mod:`jaxnorm._weights`).
 The Flax linen modules (:class:`BatchNorm`, :class:`LayerNorm`, :class:`RMSNorm`,
 :class:`GroupNorm`, :class:`InstanceNorm`, :class:`BatchRenorm`, :class:`FrozenBatchNorm`,
@@ -32,7 +33,7 @@ from jaxnorm._norms import (
   normalize,
   rms_norm,
 )
-from jaxnorm._stats import Moments, moments, update_running_average
+from jaxnorm._stats import Moments, debiased_average, moments, update_running_average
 from jaxnorm._weights import spectral_norm, weight_norm
 from jaxnorm.fold import batch_norm_epsilons, fold_batch_norm, fold_batch_norms, freeze_batch_norm
 from jaxnorm.linen import (
@@ -68,6 +69,7 @@ __all__ = [
   "batch_renorm",
   "batch_renorm_step",
   "convert",
+  "debiased_average",
   "fold_batch_norm",
   "fold_batch_norms",
   "freeze_batch_norm",

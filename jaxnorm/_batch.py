@@ -179,7 +179,8 @@ def _ghost(virtual_batch_size: Any) -> Training:
   def train(x, scale, bias, running, cfg, epsilon, mask):
     del running
     b = cfg.axes[0]
-    k = _check_virtual_batch_size(virtual_batch_size, x.shape[b], b)
+    where = f"axis {b} (the batch axis: the first reduction axis) on each device"
+    k = _check_virtual_batch_size(virtual_batch_size, x.shape[b], where)
     if k * math.prod(x.shape[a] for a in cfg.axes[1:]) == 1:
       raise ValueError(
         f"virtual_batch_size={k} leaves one value per statistic in each sub-batch of an "
@@ -200,14 +201,57 @@ def _ghost(virtual_batch_size: Any) -> Training:
     group_axis = sum(1 for a in range(b) if a not in reduced)  # among the kept axes
 
     def pool(stats: Moments) -> Moments:
-      count = stats.count.astype(stats.var.dtype)
-      sums = [jnp.sum(count * s, group_axis) for s in (stats.mean, stats.var)]
-      total = jnp.sum(count, group_axis)
-      mean_sum, var_sum, total = psum((*sums, total), cfg.axis_name, cfg.axis_index_groups)
-      safe = jnp.maximum(total, 1)
-      return Moments(mean_sum / safe, var_sum / safe, total.astype(stats.count.dtype))
+      def add(values):
+        local = [jnp.sum(v, group_axis) for v in values]
+        return psum(local, cfg.axis_name, cfg.axis_index_groups)
+
+      return _count_weighted(stats, add)
 
     return y.reshape(x.shape), stats, pool
+
+  return train
+
+
+def _count_weighted(stats: Moments, add: Any, repeats: int = 1) -> Moments:
+  """The sub-batches' statistics averaged, each weighted by its valid count (a feature with
+  no valid element anywhere gets count 0); ``add`` sums a list of arrays over the
+  sub-batches, which it sees ``repeats`` times each."""
+  count = stats.count.astype(stats.var.dtype)
+  mean_sum, var_sum, total = add([count * stats.mean, count * stats.var, count])
+  safe = jnp.maximum(total, 1)
+  return Moments(mean_sum / safe, var_sum / safe, (total / repeats).astype(stats.count.dtype))
+
+
+def mapped_ghost(virtual_batch_size: Any) -> Training:
+  """Ghost batches along the mapped axis ``cfg.axis_name`` (a ``vmap`` over examples, as
+  in Equinox, or devices): each run of ``k`` consecutive members is normalized with its
+  own statistics (``axis_index_groups``); the pool averages the sub-batches' statistics
+  over the whole axis, weighted by their valid counts, as :func:`_ghost`'s."""
+
+  def train(x, scale, bias, running, cfg, epsilon, mask):
+    del running
+    if cfg.axis_name is None or cfg.axis_index_groups is not None:
+      raise ValueError(
+        "ghost batches along a mapped axis need its axis_name and no axis_index_groups of "
+        "their own (they are the sub-batches)."
+      )
+    size = lax.psum(1, cfg.axis_name)
+    where = f"the mapped axis {cfg.axis_name!r}"
+    k = _check_virtual_batch_size(virtual_batch_size, size, where)
+    if k * math.prod(x.shape[a] for a in cfg.axes) == 1:
+      raise ValueError(
+        f"virtual_batch_size={k} leaves one value per statistic in each sub-batch of "
+        f"{where} (the variance would be 0); use virtual_batch_size >= 2."
+      )
+    groups = tuple(tuple(range(i, i + k)) for i in range(0, size, k))
+    y, stats = _batch_statistics(
+      x, scale, bias, cfg._replace(axis_index_groups=groups), epsilon, mask
+    )
+
+    def pool(stats: Moments) -> Moments:
+      return _count_weighted(stats, lambda values: psum(values, cfg.axis_name), repeats=k)
+
+    return y, stats, pool
 
   return train
 
@@ -218,7 +262,7 @@ def training(virtual_batch_size: int | None = None) -> Training:
   return _plain if virtual_batch_size is None else _ghost(virtual_batch_size)
 
 
-def _check_virtual_batch_size(virtual_batch_size: Any, batch: int, axis: int) -> int:
+def _check_virtual_batch_size(virtual_batch_size: Any, batch: int, where: str) -> int:
   """``virtual_batch_size`` as an int that divides ``batch``, or a clear error."""
   if isinstance(virtual_batch_size, bool) or not isinstance(virtual_batch_size, int | jnp.integer):
     raise TypeError(
@@ -228,9 +272,9 @@ def _check_virtual_batch_size(virtual_batch_size: Any, batch: int, axis: int) ->
   k = int(virtual_batch_size)
   if k < 1 or batch % k:
     raise ValueError(
-      f"virtual_batch_size={k} must be >= 1 and divide the batch, but axis {axis} (the "
-      f"batch axis: the first reduction axis) has {batch} examples; use a batch that is a "
-      f"multiple of {k} (on each device), or a virtual_batch_size among the divisors of {batch}."
+      f"virtual_batch_size={k} must be >= 1 and divide the batch, but {where} has "
+      f"{batch} examples; use a batch that is a multiple of {k}, or a virtual_batch_size "
+      f"among the divisors of {batch}."
     )
   return k
 
@@ -499,7 +543,7 @@ def batch_norm_step(
   >>> mean.tolist(), var.tolist()
   ([1.0, 10.0], [1.0, 50.5])
   """
-  return _layer_step(
+  return layer_step(
     training(virtual_batch_size), x, scale, bias, running_mean, running_var,
     use_running_average=use_running_average, momentum=momentum, initializing=initializing,
     axis=axis, reduction_axes=reduction_axes, epsilon=epsilon, mask=mask,
@@ -509,7 +553,7 @@ def batch_norm_step(
   )  # fmt: skip
 
 
-def _layer_step(
+def layer_step(
   train: Training,
   x: jax.Array,
   scale: Any,
@@ -696,7 +740,7 @@ def batch_renorm_step(
   schedule = dict(r_max=r_max, d_max=d_max, warmup_steps=warmup_steps,
                   r_max_steps=r_max_steps, d_max_steps=d_max_steps)  # fmt: skip
   train = renorm_training(steps, **schedule)
-  y, new = _layer_step(train, x, scale, bias, running_mean, running_var, **options)
+  y, new = layer_step(train, x, scale, bias, running_mean, running_var, **options)
   if new is None:
     return y, None
   return y, (new[0], new[1], jnp.asarray(steps) + 1)
