@@ -41,6 +41,10 @@ def _apply(module, variables, x, **kw):
   return module.apply(variables, x, mutable=["batch_stats"], **kw)
 
 
+def _first(out):
+  return out[0] if isinstance(out, tuple) else out
+
+
 def _ulps(a, b):
   """|a − b| in float32 ulps at the scale of b, elementwise: / (eps·max(|b|, 1))."""
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -164,6 +168,33 @@ def silent_errors(rng):
       v = {**v, **upd}
     finite = bool(np.isfinite(v["batch_stats"]["mean"]).all())
     print(f"- {lib.__name__}: running mean finite after one NaN batch and 50 clean ones: {finite}")
+
+  # float32 rows at 1e18: each square fits, their sum (~1e39) overflows.
+  big = jnp.asarray(rng.normal(size=(4, 768)) * 1e18, jnp.float32)
+
+  def rows(y):  # per row: "exact" (unit RMS), "NaN" or "zeros"
+    y = np.asarray(y, np.float64).reshape(4, -1)
+    rms = np.sqrt(np.mean(y * y, axis=1))
+    return ", ".join("NaN" if np.isnan(r) else "zeros" if r == 0 else f"RMS {r:.3f}" for r in rms)
+
+  for name, kw, x_ in (
+    ("LayerNorm", {}, big),
+    ("RMSNorm", {}, big),
+    ("BatchNorm", dict(use_running_average=False), big.T),
+    ("GroupNorm", dict(num_groups=2), big.reshape(4, 8, 96)),
+  ):
+    out = []
+    for lib in (nn, jaxnorm):
+      m = getattr(lib, name)(**kw)
+      v = m.init(jax.random.key(0), x_)
+      y = _first(_apply(m, v, x_))
+      out.append(rows(y.T if name == "BatchNorm" else y))
+      dy = jax.grad(lambda x, m=m, v=v: jnp.sum(_first(_apply(m, v, x)) ** 2))(x_)
+      out.append("NaN" if np.isnan(dy).all() else "zeros" if (dy == 0).all() else "finite")
+    print(
+      f"- {name} on float32 rows at 1e18 (the sum of squares overflows): Flax {out[0]} "
+      f"(gradient {out[1]}); jaxnorm {out[2]} (gradient {out[3]})"
+    )
 
 
 def nnx_table(rng):

@@ -187,7 +187,8 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   x = x.astype(cfg.dtype)
   kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))
   stats = Moments(*(s.reshape(kept) for s in stats))
-  r = inverse_std(stats.var, epsilon, cfg.epsilon_in_root)
+  var = _overflowed_to_nan(stats.var, variance is Variance.TWO_PASS)
+  r = inverse_std(var, epsilon, cfg.epsilon_in_root)
   if mask is not None:
     r = jnp.where(stats.count > 0, r, 0)  # a group with no valid element: x̂ = 0, no NaN
   g = r if scale is None else scale * r
@@ -195,6 +196,23 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   if bias is not None:
     y = y + bias
   return y.astype(cfg.out_dtype), stats, r
+
+
+def _overflowed_to_nan(var, fused_rows):
+  """``var``, NaN where it overflowed to inf (float32 sums of squares past ~3e38), where
+  ``r = 1/sqrt(inf) = 0`` would make the output a confident 0. Guarded before the root,
+  so that the select stays with ``r`` (after it, XLA:CPU recomputed the guard at every
+  element of a derivative: BatchNorm's gradient 12-33 % slower). Not in the
+  undifferentiated row norms on XLA:CPU (``fused_rows``), whose whole norm is one YNNPACK
+  fusion that takes no select: a guard there cost 8 % (float32) to 3.8x (bfloat16) of the
+  forward (``benchmarks/RESULTS.md``, item 30)."""
+
+  def guard(var):
+    return jnp.where(var < jnp.inf, var, jnp.nan)
+
+  if not fused_rows:
+    return guard(var)
+  return lax.platform_dependent(var, cpu=lambda var: var, default=guard)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
