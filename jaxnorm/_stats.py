@@ -12,7 +12,6 @@ statistics are weighted by each device's valid count.
 from __future__ import annotations
 
 import enum
-import functools
 import math
 from typing import Any, NamedTuple
 
@@ -197,43 +196,23 @@ def _checked_moments(raw, dtype, axes, inv_n, groups=None):
   two-pass algorithm (Chan, Golub & LeVeque 1983): with ``d = x − mean``, ``mean +=
   mean(d)`` and ``var = mean(d²) − mean(d)²``. ``raw`` is ``x`` before its conversion to
   ``dtype``, the fallback's operand (``benchmarks/RESULTS.md``, item 4).
-
-  A group whose ``Σx²`` (or ``Σx``) overflowed — float32 data beyond ~1e17 — also takes the
-  second pass, summed scaled by ``2⁻⁶⁴`` (exact: a power of two) and scaled back; its
-  variance is then exact while it fits the dtype (σ < ~1.8e19 in float32), else inf.
   """
   x, other, _ = converted_apart(raw, dtype)
   mean = group_sum(x, axes, groups) * inv_n
   fast = jnp.maximum(group_sum(other * other, axes, groups) * inv_n - mean * mean, 0)
   limit = 2e-6 / float(jnp.finfo(dtype).eps)
-  # One small reduction (``initial`` covers inputs with no group at all); an overflowed
-  # group's check is NaN or +inf, never <= 0.
-  excess = jnp.where(fast < jnp.inf, mean * mean - limit * fast, jnp.inf)
-  well_conditioned = jnp.max(excess, initial=-jnp.inf) <= 0
+  # One small reduction (``initial`` covers inputs with no group at all).
+  well_conditioned = jnp.max(mean * mean - limit * fast, initial=-jnp.inf) <= 0
 
-  def two_pass(operands, scaled=False):
-    raw, mean, fast = operands
-    scale: Any = 1.0
-    back: Any = 1.0
-    if scaled:  # (2⁻⁶⁴ undone by 2⁶⁴ twice: 2⁻¹²⁸ is subnormal in float32)
-      scale, back = (jnp.where(fast < jnp.inf, 1.0, k) for k in (2.0**-64, 2.0**64))
-      raw = raw * scale.astype(raw.dtype)  # (exact, in raw's own dtype)
-      mean = jnp.where(jnp.abs(mean) < jnp.inf, mean, 0) * scale
+  def two_pass(operands):
+    raw, mean, _ = operands
     x, other, sign = converted_apart(raw, dtype)
     d, other_d = x - mean, other - sign * mean  # other_d = ±d
     shift = group_sum(d, axes, groups) * inv_n
     var = group_sum(other_d * other_d, axes, groups) * inv_n - shift * shift
-    return (mean + shift) * back, jnp.maximum(var, 0) * back * back
+    return mean + shift, jnp.maximum(var, 0)
 
-  def fallback(operands):
-    if not (jnp.issubdtype(raw.dtype, jnp.floating) and jnp.finfo(raw.dtype).maxexp >= 128):
-      return two_pass(operands)  # (half precision and integers cannot overflow the sums)
-    # A branch of its own, so that the ordinary fallback is compiled as before (scaling
-    # inside it cost ill-conditioned bfloat16 BatchNorm 39 %).
-    overflowed = jnp.any(~(operands[2] < jnp.inf))
-    return lax.cond(overflowed, functools.partial(two_pass, scaled=True), two_pass, operands)
-
-  mean, var = lax.cond(well_conditioned, lambda ops: ops[1:], fallback, (raw, mean, fast))
+  mean, var = lax.cond(well_conditioned, lambda ops: ops[1:], two_pass, (raw, mean, fast))
   return mean, var
 
 
