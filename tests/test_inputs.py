@@ -127,6 +127,21 @@ def test_float32_row_norm_forward_on_the_cpu_overflows_to_zeros(scale, rng):
   _check(y, ref.rms_norm(base, eps=0.0))
 
 
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+def test_row_norm_forward_for_gpus_and_tpus_carries_the_guard(platform):
+  """The same forward lowered for GPUs and TPUs (where a select is free in the row
+  kernel) turns an overflowed variance into NaN: its program compares with inf and holds
+  a NaN, which the XLA:CPU program (the xfail above) does not."""
+  from jax import export
+
+  x = jax.ShapeDtypeStruct((4, 768), jnp.float32)
+  for fn in (jaxnorm.layer_norm, jaxnorm.rms_norm):
+    text = export.export(jax.jit(fn), platforms=(platform,))(x).mlir_module()
+    assert "0x7F800000" in text and "0x7FC00000" in text  # inf and NaN, as float32
+  cpu = export.export(jax.jit(jaxnorm.layer_norm), platforms=("cpu",))(x).mlir_module()
+  assert "0x7FC00000" not in cpu
+
+
 def test_far_offset_beyond_float32_squares_is_exact(rng):
   """Data at 2e19 ± 1e16 (x² overflows, the spread does not): the checked sums see the
   overflow and take the exact two-pass branch (BatchNorm, GroupNorm), and the shifted sums
