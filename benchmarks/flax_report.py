@@ -41,10 +41,6 @@ def _apply(module, variables, x, **kw):
   return module.apply(variables, x, mutable=["batch_stats"], **kw)
 
 
-def _first(out):
-  return out[0] if isinstance(out, tuple) else out
-
-
 def _ulps(a, b):
   """|a − b| in float32 ulps at the scale of b, elementwise: / (eps·max(|b|, 1))."""
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -187,9 +183,9 @@ def silent_errors(rng):
     for lib in (nn, jaxnorm):
       m = getattr(lib, name)(**kw)
       v = m.init(jax.random.key(0), x_)
-      y = _first(_apply(m, v, x_))
+      y = _apply(m, v, x_)[0]
       out.append(rows(y.T if name == "BatchNorm" else y))
-      dy = jax.grad(lambda x, m=m, v=v: jnp.sum(_first(_apply(m, v, x)) ** 2))(x_)
+      dy = jax.grad(lambda x, m=m, v=v: jnp.sum(_apply(m, v, x)[0] ** 2))(x_)
       out.append("NaN" if np.isnan(dy).all() else "zeros" if (dy == 0).all() else "finite")
     print(
       f"- {name} on float32 rows at 1e18 (the sum of squares overflows): Flax {out[0]} "

@@ -204,8 +204,8 @@ def _overflowed_to_nan(var, fused_rows):
   so that the select stays with ``r`` (after it, XLA:CPU recomputed the guard at every
   element of a derivative: BatchNorm's gradient 12-33 % slower). Not in the
   undifferentiated row norms on XLA:CPU (``fused_rows``), whose whole norm is one YNNPACK
-  fusion that takes no select: a guard there cost 8 % (float32) to 3.8x (bfloat16) of the
-  forward (``benchmarks/RESULTS.md``, item 30)."""
+  fusion that takes no select: a guard there cost up to 42 % (float32) and 1.9-3.8x
+  (bfloat16) of the forward (``benchmarks/RESULTS.md``, item 30)."""
 
   def guard(var):
     return jnp.where(var < jnp.inf, var, jnp.nan)
