@@ -191,8 +191,15 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   r = inverse_std(var, epsilon, cfg.epsilon_in_root)
   if mask is not None:
     r = jnp.where(stats.count > 0, r, 0)  # a group with no valid element: x̂ = 0, no NaN
-  g = r if scale is None else scale * r
-  y = (x - stats.mean) * g if cfg.center else x * g
+  y = x - stats.mean if cfg.center else x
+  if scale is None:
+    y = y * r
+  elif cfg.center and jnp.broadcast_shapes(scale.shape, r.shape) == x.shape:
+    # Per-row r, per-feature γ: XLA:CPU streams (x − μ)·r·γ 3-12 % faster than
+    # (x − μ)·(γ·r), and RMSNorm's x·(γ·r) up to 19 % faster than x·r·γ (item 31).
+    y = y * r * scale
+  else:
+    y = y * (scale * r)  # γ·r per group or feature: small (item 8)
   if bias is not None:
     y = y + bias
   return y.astype(cfg.out_dtype), stats, r
