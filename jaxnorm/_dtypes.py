@@ -8,11 +8,41 @@ and a real variance; running statistics are at least float32 (:func:`running_sta
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def promote(*dtypes: Any) -> np.dtype:
+  """JAX's standard promotion of ``dtypes``, whatever ``jax_numpy_dtype_promotion`` says:
+  the policy's promotions (float32 statistics of bfloat16 data, Flax's output rule) are
+  deliberate, not the implicit ones that ``"strict"`` exists to catch, so a norm gives the
+  same result in either mode.
+
+  >>> with jax.numpy_dtype_promotion("strict"):
+  ...   promote(jnp.bfloat16, jnp.float32)
+  dtype('float32')
+  """
+  with jax.numpy_dtype_promotion("standard"):
+    return jnp.dtype(jnp.result_type(*dtypes))
+
+
+def standard_promotion(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """``fn`` run under JAX's standard promotion (see :func:`promote`): for the derivative
+  rules, whose mixed-precision products (a bfloat16 tangent times float32 factors) are
+  deliberate and which JAX traces wherever the caller differentiates, outside the public
+  function's own call."""
+
+  @functools.wraps(fn)
+  def wrapped(*args: Any, **kwargs: Any) -> Any:
+    with jax.numpy_dtype_promotion("standard"):
+      return fn(*args, **kwargs)
+
+  return wrapped
 
 
 def reduction_dtype(x_dtype: Any, dtype: Any = None, force_float32: bool = True) -> np.dtype:
@@ -39,7 +69,7 @@ def reduction_dtype(x_dtype: Any, dtype: Any = None, force_float32: bool = True)
       f"the input's."
     )
   if force_float32 or not jnp.issubdtype(dt, jnp.inexact):
-    dt = jnp.promote_types(dt, jnp.float32)
+    dt = promote(dt, jnp.float32)
   return jnp.dtype(dt)
 
 
@@ -54,13 +84,13 @@ def real_dtype(dtype: Any) -> np.dtype:
 def count_dtype(dtype: Any) -> np.dtype:
   """The dtype of counts, ``1/n`` and sums: real, and at least float32 whatever the
   statistics' dtype (float16 cannot hold a count above 65,504, bfloat16 rounds 257 to 256)."""
-  return jnp.dtype(jnp.promote_types(real_dtype(dtype), jnp.float32))
+  return jnp.dtype(promote(real_dtype(dtype), jnp.float32))
 
 
 def accumulation_dtype(dtype: Any) -> np.dtype:
   """At least float32 (complex and float64 unchanged): the dtype of a derivative's sums
   (reverse mode turns a broadcast into a sum, which overflows float16 past 65,504 terms)."""
-  return jnp.dtype(jnp.promote_types(dtype, jnp.float32))
+  return jnp.dtype(promote(dtype, jnp.float32))
 
 
 def output_dtype(x: Any, *params: Any, dtype: Any = None) -> np.dtype:
@@ -68,9 +98,9 @@ def output_dtype(x: Any, *params: Any, dtype: Any = None) -> np.dtype:
   ``x`` and the non-None ``params``."""
   if dtype is not None:
     return jnp.dtype(dtype)
-  out = jnp.result_type(*(jnp.asarray(a).dtype for a in (x, *params) if a is not None))
+  out = promote(*(jnp.asarray(a).dtype for a in (x, *params) if a is not None))
   if not jnp.issubdtype(out, jnp.inexact):
-    out = jnp.promote_types(out, jnp.float32)
+    out = promote(out, jnp.float32)
   return jnp.dtype(out)
 
 
@@ -82,7 +112,7 @@ def compute_dtype(
   stats_dtype = reduction_dtype(jnp.asarray(x).dtype, dtype, force_float32)
   for a in operands:
     if a is not None and jnp.iscomplexobj(a):
-      stats_dtype = jnp.promote_types(stats_dtype, jnp.asarray(a).dtype)
+      stats_dtype = promote(stats_dtype, jnp.asarray(a).dtype)
   return jnp.dtype(stats_dtype)
 
 
@@ -108,9 +138,9 @@ def running_stats_dtypes(
   """
   real = jnp.dtype(param_dtype)
   if force_float32_reductions:
-    real = jnp.promote_types(real, jnp.float32)
+    real = promote(real, jnp.float32)
   real = jax.dtypes.canonicalize_dtype(real)  # float64 is float32 without jax_enable_x64
   mean = real
   if jnp.issubdtype(reduction_dtype(x_dtype, dtype, force_float32_reductions), jnp.complexfloating):
-    mean = jax.dtypes.canonicalize_dtype(jnp.promote_types(real, jnp.complex64))
+    mean = jax.dtypes.canonicalize_dtype(promote(real, jnp.complex64))
   return jnp.dtype(mean), jnp.dtype(real)

@@ -39,7 +39,7 @@ from jax import lax
 
 from jaxnorm._axes import broadcast_shape
 from jaxnorm._config import Config
-from jaxnorm._dtypes import accumulation_dtype, real_dtype, to_dtype
+from jaxnorm._dtypes import accumulation_dtype, real_dtype, standard_promotion, to_dtype
 from jaxnorm._stats import (
   Moments,
   Variance,
@@ -236,6 +236,7 @@ def _fusion_barrier(r, a):
 
 
 @_affine_normalize.defjvp
+@standard_promotion
 def _affine_normalize_jvp(cfg, primals, tangents):
   x, scale, bias, mask, epsilon = primals
   dx, dscale, dbias, _, depsilon = tangents
@@ -394,6 +395,7 @@ def _shift_scale(x, mean, s, bias):
 
 
 @_shift_scale.defjvp
+@standard_promotion
 def _shift_scale_jvp(primals, tangents):
   x, mean, s, bias = primals
   dx, dmean, ds, dbias = tangents

@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxnorm._axes import Axes, canonicalize_axes, group_norm_axes, instance_norm_axes
 from jaxnorm._config import Config, configure, options
-from jaxnorm._dtypes import output_dtype
+from jaxnorm._dtypes import output_dtype, promote
 from jaxnorm._kernel import affine_normalize, affine_params
 from jaxnorm._rows import check_implementation, kernel_misfit, normalize_rows, use_kernels
 from jaxnorm._stats import Moments, broadcast_mask, group_moments
@@ -374,7 +374,7 @@ def residual_sum_dtype(x: Any, residual: Any, residual_dtype: Any = None) -> np.
       f"must have the same shape (the residual stream is the block's input, x its "
       f"sublayer's output)."
     )
-  return jnp.result_type(x, residual) if residual_dtype is None else jnp.dtype(residual_dtype)
+  return promote(x.dtype, residual.dtype) if residual_dtype is None else jnp.dtype(residual_dtype)
 
 
 def instance_norm(

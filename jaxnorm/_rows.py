@@ -22,6 +22,7 @@ from jax.custom_derivatives import SymbolicZero, linear_call
 
 from jaxnorm import _pallas
 from jaxnorm._config import Config
+from jaxnorm._dtypes import standard_promotion
 from jaxnorm._kernel import affine_normalize, check_epsilon
 from jaxnorm._stats import broadcast_mask
 
@@ -130,6 +131,7 @@ def _rows(static, x, residual, scale, bias, mask, eps):
   return _pallas.forward(spec, x, residual, scale, bias, mask, eps, row_cfg.out_dtype, h_dtype)
 
 
+@standard_promotion
 def _rows_jvp(static, primals, tangents):
   spec, row_cfg, h_dtype = static
   x, residual, scale, bias, mask, eps = primals
@@ -157,6 +159,7 @@ def _rows_jvp(static, primals, tangents):
     dy = jax.jvp(fn, tuple(p for p, _ in args), tuple(t for _, t in args))[1]
     return (dy,) if residual is None else (dy, dh)
 
+  @standard_promotion
   def transpose(res, cts):
     hh, g, _, m, e = res
     dy, dh = cts if residual is not None else (cts[0], None)

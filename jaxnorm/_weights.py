@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm._axes import Axes, broadcast_shape, canonicalize_axes, complement
-from jaxnorm._dtypes import accumulation_dtype, output_dtype
+from jaxnorm._dtypes import accumulation_dtype, output_dtype, promote
 
 Array = jax.Array
 
@@ -166,7 +166,7 @@ def spectral_norm(
       f"spectral_norm: real weights expected, got {weight.dtype} and u {u.dtype}; the "
       f"power iteration here is for real matrices."
     )
-  compute = jnp.promote_types(jnp.promote_types(weight.dtype, u.dtype), jnp.float32)
+  compute = promote(weight.dtype, u.dtype, jnp.float32)
   m = matrix.astype(compute)
   mm = lambda a, b: jnp.matmul(a, b, precision=lax.Precision.HIGHEST)  # noqa: E731
   u_k = u.astype(compute)

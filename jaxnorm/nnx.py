@@ -77,6 +77,14 @@ Dtype = Any
 _NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 
+def _promote(module, arrays):
+  """``module.promote_dtype(arrays, dtype=module.dtype)`` under JAX's standard promotion:
+  Flax's raises under ``jax_numpy_dtype_promotion="strict"`` for bfloat16 data and float32
+  parameters; jaxnorm gives the standard mode's result in either mode."""
+  with jax.numpy_dtype_promotion("standard"):
+    return module.promote_dtype(arrays, dtype=module.dtype)
+
+
 def _read(variable):
   return None if variable is None else variable[...]
 
@@ -233,9 +241,7 @@ class BatchNorm(nnx.BatchNorm):
     with."""
     use_ra = _use_running_average(use_running_average, self.use_running_average)
     stored = (_read(self.mean), _read(self.var))
-    x, mean, var, scale, bias = self.promote_dtype(
-      (x, *stored, _read(self.scale), _read(self.bias)), dtype=self.dtype
-    )
+    x, mean, var, scale, bias = _promote(self, (x, *stored, _read(self.scale), _read(self.bias)))
     features, reduced = batch_norm_axes(jnp.ndim(x), self.axis, self.reduction_axes)
     shape = kept_shape(jnp.shape(x), reduced)
     if stored[0] is not None and math.prod(shape) != stored[0].size:
@@ -448,7 +454,7 @@ class LayerNorm(nnx.LayerNorm):
   ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Applies layer normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`); with a
     ``residual``, Add & Norm returning ``(y, h)`` (see :func:`jaxnorm.add_layer_norm`)."""
-    x, scale, bias = self.promote_dtype((x, _read(self.scale), _read(self.bias)), dtype=self.dtype)
+    x, scale, bias = _promote(self, (x, _read(self.scale), _read(self.bias)))
     args = _onto_features(x, self.feature_axes, scale, bias)
     kw = dict(
       reduction_axes=self.reduction_axes,
@@ -536,11 +542,9 @@ class RMSNorm(nnx.RMSNorm):
     ``residual``, Add & Norm returning ``(y, h)`` (see :func:`jaxnorm.add_rms_norm`)."""
     bias = None
     if self.bias is None:  # flax.nnx's own promote_dtype call
-      x, scale = self.promote_dtype((x, _read(self.scale)), dtype=self.dtype)
+      x, scale = _promote(self, (x, _read(self.scale)))
     else:
-      x, scale, bias = self.promote_dtype(
-        (x, _read(self.scale), _read(self.bias)), dtype=self.dtype
-      )
+      x, scale, bias = _promote(self, (x, _read(self.scale), _read(self.bias)))
     kw = dict(
       reduction_axes=self.reduction_axes,
       feature_axes=self.feature_axes,
@@ -610,7 +614,7 @@ class GroupNorm(nnx.GroupNorm):
 
   def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Applies group normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
-    x, scale, bias = self.promote_dtype((x, _read(self.scale), _read(self.bias)), dtype=self.dtype)
+    x, scale, bias = _promote(self, (x, _read(self.scale), _read(self.bias)))
     return F.group_norm(
       x,
       scale,
@@ -666,7 +670,7 @@ class InstanceNorm(nnx.InstanceNorm):
 
   def __call__(self, x: jax.Array, *, mask: jax.Array | None = None) -> jax.Array:
     """Applies instance normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
-    x, scale, bias = self.promote_dtype((x, _read(self.scale), _read(self.bias)), dtype=self.dtype)
+    x, scale, bias = _promote(self, (x, _read(self.scale), _read(self.bias)))
     return F.instance_norm(
       x,
       *_onto_features(x, self.feature_axes, scale, bias),
