@@ -54,7 +54,9 @@ def main(argv=None):
 
   variables, (x_test, y_test) = train_cnn(args.epochs)
   model, plain = mini_cnn.CNN("batch"), mini_cnn.CNN("none")
-  folded = jaxnorm.fold_batch_norms(variables, PAIRS)
+  # Each norm's own ε, read off the model (the variables do not hold it).
+  epsilon = jaxnorm.batch_norm_epsilons(model, x_test[:1], train=False)
+  folded = jaxnorm.fold_batch_norms(variables, PAIRS, epsilon=epsilon)
 
   def logits(x):
     return plain.apply(folded, x, train=False)

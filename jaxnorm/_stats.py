@@ -22,7 +22,7 @@ from jax import lax
 
 from jaxnorm._axes import Axes, canonicalize_axes
 from jaxnorm._config import Config, freeze_groups
-from jaxnorm._dtypes import count_dtype, real_dtype, reduction_dtype
+from jaxnorm._dtypes import count_dtype, promote, real_dtype, reduction_dtype
 
 
 class Moments(NamedTuple):
@@ -330,7 +330,7 @@ def group_moments(
   raw = x
   # Half precision (force_float32_reductions=False) is summed in float32 and rounded at the
   # end, as jnp.mean does: a float16 sum of more than 65,504 ones overflows.
-  x = x.astype(jnp.promote_types(out_dtype, jnp.float32))
+  x = x.astype(promote(out_dtype, jnp.float32))
   count_dt = count_dtype(x.dtype)
   if jnp.iscomplexobj(x) or x.size == 0:
     variance = Variance.TWO_PASS
@@ -515,7 +515,9 @@ def update_running_average(
         "momentum=None (PyTorch's cumulative average) needs num_batches_tracked, the number "
         "of updates so far (a BatchNorm keeps it in its statistics); or give a momentum."
       )
-    decay: Any = 1.0 - 1.0 / (jnp.asarray(num_batches_tracked).astype(jnp.float32) + 1.0)
+    # In the statistics' dtype (float64 ones: a float32 factor would be 4e-8 off).
+    n = jnp.asarray(num_batches_tracked).astype(count_dtype(jnp.asarray(running_var).dtype))
+    decay: Any = 1.0 - 1.0 / (n + 1.0)
   else:
     decay = momentum
   check_momentum(decay)
@@ -533,7 +535,7 @@ def update_running_average(
     ra = jnp.asarray(ra)
     dtype = ra.dtype
     if jnp.iscomplexobj(b) and not jnp.iscomplexobj(ra):
-      dtype = jnp.promote_types(dtype, b.dtype)
+      dtype = promote(dtype, b.dtype)
     new = decay * ra + (1.0 - decay) * b
     return jnp.where(use, new, ra).astype(dtype)
 

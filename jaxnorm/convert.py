@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+import warnings
+from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -37,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from jaxnorm._dtypes import real_dtype
+from jaxnorm._dtypes import promote, real_dtype
 
 __all__ = ["TorchNorm", "from_torch", "norms_from_state_dict", "torch_epsilon"]
 
@@ -45,6 +46,8 @@ KINDS = (
   "BatchNorm1d",
   "BatchNorm2d",
   "BatchNorm3d",
+  "SyncBatchNorm",
+  "FrozenBatchNorm2d",
   "LayerNorm",
   "LayerNorm2d",
   "GroupNorm",
@@ -52,11 +55,32 @@ KINDS = (
   "InstanceNorm2d",
   "InstanceNorm3d",
   "RMSNorm",
+  "RMSNorm2d",
 )
 TORCH_EPS = 1e-5  # every PyTorch norm's default
+# Other libraries' norm classes by class name, as the kind they compute: torchvision's
+# FrozenBatchNorm2d and timm's (its *Act classes add an activation, named in a warning).
+# Subclasses of PyTorch's own norms (timm's BatchNormAct2d, GroupNorm1, ...) are found
+# by their class hierarchy; these names come first, as some subclass nn.LayerNorm to
+# normalize the channel axis instead.
+ALIASES = {
+  "FrozenBatchNormAct2d": "FrozenBatchNorm2d",
+  "LayerNorm2dFp32": "LayerNorm2d",
+  "LayerNormAct2d": "LayerNorm2d",
+  "LayerNormAct2dFp32": "LayerNorm2d",
+  "RmsNorm": "RMSNorm",
+  "RmsNormFp32": "RMSNorm",
+  "RmsNormAct": "RMSNorm",
+  "RmsNormActFp32": "RMSNorm",
+  "RmsNorm2d": "RMSNorm2d",
+  "RmsNorm2dFp32": "RMSNorm2d",
+  "RmsNormAct2d": "RMSNorm2d",
+  "RmsNormAct2dFp32": "RMSNorm2d",
+}
 # The state_dict entries each kind can have (anything else is refused, by name).
 _KEYS = {
   "BatchNorm": ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"),
+  "FrozenBatchNorm": ("weight", "bias", "running_mean", "running_var"),
   "InstanceNorm": ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"),
   "GroupNorm": ("weight", "bias"),
   "LayerNorm": ("weight", "bias"),
@@ -84,12 +108,16 @@ class TorchNorm(NamedTuple):
       (``jaxnorm.nnx.<module>(**nnx_kwargs, rngs=...)``).
     variables: the Linen variables, ``{"params": ..., "batch_stats": ...}`` (only the
       collections the layer has).
+    activation: what the PyTorch module applies after the norm and the converted layer
+      does not (timm's ``BatchNormAct2d(act_layer=nn.SiLU)``: ``"SiLU"``; its
+      ``drop_layer`` too), for the caller to apply; None for a plain norm.
   """
 
   module: str
   kwargs: dict
   nnx_kwargs: dict
   variables: dict
+  activation: str | None = None
 
   def linen(self) -> Any:
     """The Linen module (apply it with :attr:`variables`)."""
@@ -120,7 +148,7 @@ def torch_epsilon(eps: float | None, dtype: Any = jnp.float32) -> float:
   """
   if eps is not None:
     return float(eps)
-  return float(jnp.finfo(jnp.promote_types(real_dtype(dtype), jnp.float32)).eps)
+  return float(jnp.finfo(promote(real_dtype(dtype), jnp.float32)).eps)
 
 
 def _numpy(value: Any) -> np.ndarray:
@@ -135,6 +163,80 @@ def _numpy(value: Any) -> np.ndarray:
   return np.asarray(value)
 
 
+def torch_kind(module: Any) -> str | None:
+  """The kind (one of ``KINDS``) of a PyTorch module, by its class or, for a subclass of a
+  norm (timm's ``BatchNormAct2d``, ``GroupNorm1``), its base classes; ``ALIASES`` name
+  other libraries' classes. None for a module that is no norm jaxnorm converts."""
+  for cls in type(module).__mro__:
+    if cls.__name__ in ALIASES:
+      return ALIASES[cls.__name__]
+    if cls.__name__ in KINDS:
+      return cls.__name__
+  return None
+
+
+def _family(kind: str) -> str:
+  """Which entries a kind has and how it converts: BatchNorm, FrozenBatchNorm, ..."""
+  return "BatchNorm" if kind == "SyncBatchNorm" else next(f for f in _KEYS if kind.startswith(f))
+
+
+def _own_entries(module: Any) -> dict[str, Any]:
+  """A module's own parameters and buffers (not its children's), by name."""
+  own: dict[str, Any] = {}
+  for method in ("named_parameters", "named_buffers"):
+    if hasattr(module, method):
+      own.update(getattr(module, method)(recurse=False))
+  return own
+
+
+def _norm_like(module: Any) -> bool:
+  """Whether a module jaxnorm does not convert looks like a norm: running statistics of
+  its own, or parameters of its own and "norm" in the name of its class or a base class."""
+  own = _own_entries(module)
+  if {"running_mean", "running_var"} & set(own):
+    return True
+  names = [c.__name__.lower() for c in type(module).__mro__[:-1] if c.__name__ != "Module"]
+  return bool(own) and any("norm" in n for n in names)
+
+
+def _unconvertible(name: str, module: Any) -> ValueError:
+  """The error for a norm-like module that cannot be converted, naming it."""
+  cls = type(module).__name__
+  lazy = [k for k, v in _own_entries(module).items() if type(v).__name__.startswith("Uninit")]
+  if lazy:
+    return ValueError(
+      f"{name!r} is an uninitialised lazy module ({cls}: {lazy} have no shape yet); run one "
+      f"forward pass through the PyTorch model first, which gives them their shapes."
+    )
+  return ValueError(
+    f"{name!r} is a {cls}, which has running statistics or a norm's parameters but is no "
+    f"norm jaxnorm converts (PyTorch's {list(KINDS)}, their subclasses, and "
+    f"{sorted(ALIASES)}); convert it by hand, or leave it out with skip=[{name!r}] (its "
+    f"entries then stay in rest)."
+  )
+
+
+def _carried(module: Any) -> str | None:
+  """What a module applies after its norm that the converted layer does not: timm's
+  ``drop`` and ``act`` layers (in that order), unless ``Identity``; None otherwise."""
+  names = []
+  for attr in ("drop", "act"):
+    sub = getattr(module, attr, None)
+    if hasattr(sub, "state_dict") and type(sub).__name__ != "Identity":
+      names.append(type(sub).__name__)
+  return ", then ".join(names) or None
+
+
+def _activation_message(carried: Mapping[str, str]) -> str:
+  shown = ", ".join(f"{a} at {p!r}" for p, a in list(carried.items())[:4])
+  more = f" and {len(carried) - 4} more" if len(carried) > 4 else ""
+  return (
+    f"{len(carried)} converted norm layer(s) apply after the norm what the converted layer "
+    f"does not: {shown}{more}. Apply it after the norm (e.g. jax.nn.silu for SiLU, "
+    f"jax.nn.relu for ReLU; a drop layer only in training); TorchNorm.activation names it."
+  )
+
+
 def _check_keys(kind, family, state_dict):
   unknown = sorted(set(state_dict) - set(_KEYS[family]))
   if unknown:
@@ -143,6 +245,13 @@ def _check_keys(kind, family, state_dict):
       f"{list(_KEYS[family])}. Pass one layer's entries with their prefix removed "
       f"(norms_from_state_dict does that for a whole model)."
     )
+  if family == "FrozenBatchNorm":
+    absent = [k for k in _KEYS[family] if k not in state_dict]
+    if absent:
+      raise ValueError(
+        f"{kind}'s state_dict lacks {absent}: a frozen BatchNorm keeps all of "
+        f"{list(_KEYS[family])}; pass the complete state_dict of the layer."
+      )
   pairs = [("running_mean", "running_var")]
   if family not in ("LayerNorm", "RMSNorm"):  # (LayerNorm(bias=False): a weight alone)
     pairs.append(("weight", "bias"))
@@ -153,18 +262,33 @@ def _check_keys(kind, family, state_dict):
         f"{kind}'s state_dict has {have!r} but no {missing!r}: PyTorch saves both or "
         f"neither; pass the complete state_dict of the layer."
       )
+  if "num_batches_tracked" in state_dict and "running_mean" not in state_dict:
+    raise ValueError(
+      f"{kind}'s state_dict has 'num_batches_tracked' but no 'running_mean'/'running_var': "
+      f"a layer with running statistics (track_running_stats=True) saves all three, one "
+      f"without saves none; pass the complete state_dict of the layer."
+    )
   if family == "LayerNorm" and "bias" in state_dict and "weight" not in state_dict:
     raise ValueError(f"{kind}'s state_dict has 'bias' but no 'weight': pass the complete one.")
 
 
-def _from_module(module: Any, options: dict) -> tuple[str, dict]:
+def _from_module(module: Any, options: dict, name: str = "the module") -> tuple[str, dict]:
   """The kind, ``state_dict`` and options of a PyTorch module object (duck-typed)."""
-  kind = type(module).__name__
+  kind = torch_kind(module)
+  if kind is None:
+    if _norm_like(module):
+      raise _unconvertible(name, module)
+    raise ValueError(
+      f"{name} is a {type(module).__name__}, which is no norm jaxnorm converts (PyTorch's "
+      f"{list(KINDS)}, their subclasses, and {sorted(ALIASES)})."
+    )
+  if any(type(v).__name__.startswith("Uninit") for v in _own_entries(module).values()):
+    raise _unconvertible(name, module)
   state_dict = dict(module.state_dict())
   for option, names in _ATTRIBUTES.items():
-    for name in (names,) if isinstance(names, str) else names:
-      if hasattr(module, name):
-        options[option] = getattr(module, name)
+    for attr in (names,) if isinstance(names, str) else names:
+      if hasattr(module, attr):
+        options[option] = getattr(module, attr)
         break
   affine = getattr(module, "affine", getattr(module, "elementwise_affine", None))
   if affine is not None and bool(affine) != ("weight" in state_dict):
@@ -202,20 +326,26 @@ def from_torch(
   """Converts one PyTorch norm layer: the module itself, or its class name and
   ``state_dict`` with the constructor arguments ``state_dict`` does not hold.
 
-  Given the module (``from_torch(model.bn1)``; torch is not imported: its class name,
-  ``state_dict()``, ``eps``, ``momentum``, ``num_groups``, ``normalized_shape``,
+  Given the module (``from_torch(model.bn1)``; torch is not imported: its class and base
+  classes, ``state_dict()``, ``eps``, ``momentum``, ``num_groups``, ``normalized_shape``,
   ``affine``/``elementwise_affine``, ``track_running_stats`` and parameters' dtype are
-  read), nothing is copied by hand. Given arrays, every entry is checked: a partial or
-  foreign ``state_dict`` is refused, naming the key.
+  read), nothing is copied by hand; a subclass converts as the norm it is (timm's
+  ``BatchNormAct2d`` as a BatchNorm, with a warning that names the activation it also
+  applies, see :attr:`TorchNorm.activation`). Given arrays, every entry is checked: a
+  partial or foreign ``state_dict`` is refused, naming the key.
 
   Args:
-    kind: a PyTorch norm module, or its class name: one of ``convert.KINDS``
-      (``"LayerNorm2d"`` is timm's and torchvision's channels-first LayerNorm of ConvNeXt).
+    kind: a PyTorch norm module (an instance), or its class name: one of
+      ``convert.KINDS`` (``"LayerNorm2d"``/``"RMSNorm2d"`` normalize the channel axis, as
+      timm's and torchvision's ``LayerNorm2d`` of ConvNeXt and timm's ``RmsNorm2d``;
+      ``"FrozenBatchNorm2d"`` is torchvision's, converted to jaxnorm's
+      ``FrozenBatchNorm``); ``convert.ALIASES`` maps timm's class names to them.
     state_dict: the layer's arrays, for a class name (tensors or any array-like;
       bfloat16 tensors are read as bfloat16).
     eps: the layer's ``eps`` (PyTorch's default 1e-5; ``None`` for ``RMSNorm(eps=None)``,
       see :func:`torch_epsilon`).
-    momentum: the BatchNorm's PyTorch momentum (default 0.1; ``None``: cumulative).
+    momentum: the BatchNorm's PyTorch momentum (default 0.1; ``None``: cumulative; for
+      an InstanceNorm ``None`` means PyTorch's 0, running statistics that never move).
     num_groups: GroupNorm's number of groups (required for ``GroupNorm``).
     normalized_shape: LayerNorm/RMSNorm's shape when they have no ``weight``.
     channels_first: inputs stay channels-first (PyTorch's layout) in JAX: the feature
@@ -236,8 +366,15 @@ def from_torch(
     which normalizes with the batch statistics in every mode, as PyTorch's.
 
   Raises:
-    ValueError: for an unknown kind, unexpected or missing ``state_dict`` entries, arrays
-      of inconsistent shapes, or a missing constructor argument (named).
+    ValueError: for an unknown kind, unexpected, missing or inconsistent ``state_dict``
+      entries (``num_batches_tracked`` without running statistics), arrays of
+      inconsistent shapes, a missing constructor argument (named), or an uninitialised
+      lazy module.
+    TypeError: for a class instead of a module or a class name.
+
+  Warns:
+    UserWarning: for a module that applies an activation (or a drop layer) after its
+      norm, naming it.
 
   >>> import numpy as np
   >>> bn = from_torch("BatchNorm2d", {"weight": np.ones(3), "bias": np.zeros(3),
@@ -247,6 +384,23 @@ def from_torch(
   """
   options = dict(eps=eps, momentum=momentum, num_groups=num_groups, dtype=dtype)
   options.update(normalized_shape=normalized_shape, num_features=num_features)
+  if isinstance(kind, type):
+    raise TypeError(
+      f"from_torch takes a PyTorch norm module, an instance (from_torch(model.bn1), or "
+      f"from_torch(torch.nn.{kind.__name__}(...)) for a fresh one), or a class name with its "
+      f"state_dict (from_torch({kind.__name__!r}, state_dict)); got the class "
+      f"{kind.__name__} itself."
+    )
+  layer = _convert(kind, state_dict, options, channels_first, torch_training)
+  if layer.activation is not None:
+    warnings.warn(_activation_message({type(kind).__name__: layer.activation}), stacklevel=2)
+  return layer
+
+
+def _convert(kind, state_dict, options, channels_first, torch_training, name="the module"):
+  """:func:`from_torch`'s conversion, without its warning (``name``: the module's, for
+  errors)."""
+  carried = None
   if not isinstance(kind, str):
     given = [k for k, v in options.items() if k != "dtype" and v != _DEFAULTS[k]]
     if state_dict is not None or given:
@@ -255,12 +409,13 @@ def from_torch(
         f"itself; got {'a state_dict' if state_dict is not None else given} as well. Pass "
         f"them only with a class name: from_torch('BatchNorm2d', state_dict, eps=...)."
       )
-    kind, state_dict = _from_module(kind, options)
+    carried = _carried(kind)
+    kind, state_dict = _from_module(kind, options, name)
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS} (PyTorch's class name), got {kind!r}.")
   if state_dict is None:
     raise TypeError(f"from_torch({kind!r}, ...) needs the layer's state_dict.")
-  family = next(f for f in _KEYS if kind.startswith(f))
+  family = _family(kind)
   arrays = {k: _numpy(v) for k, v in state_dict.items() if v is not None}
   _check_keys(kind, family, arrays)  # (a None entry counts as missing)
   eps, momentum, dtype = options["eps"], options["momentum"], options["dtype"]
@@ -276,34 +431,43 @@ def from_torch(
   if act != jnp.float32:
     common["dtype"] = act
   c = options["num_features"]
-  if family in ("BatchNorm", "InstanceNorm", "GroupNorm"):
+  if family in ("BatchNorm", "FrozenBatchNorm", "InstanceNorm", "GroupNorm"):
     c = _features(kind, arrays, c)
+  if family == "FrozenBatchNorm":  # fixed statistics and affine (torchvision's)
+    kw = dict(axis=channel, epsilon=torch_epsilon(eps), **common)
+    stats = {k: arrays[f"running_{k}"].astype(_stats_dtype(arrays, x64)) for k in ("mean", "var")}
+    layer = TorchNorm("FrozenBatchNorm", kw, dict(num_features=c, **kw), _vars(params, stats))
+    return layer._replace(activation=carried)
   if family == "BatchNorm" or (family == "InstanceNorm" and "running_mean" in arrays):
+    if family == "InstanceNorm" and momentum is None:
+      momentum = 0.0  # PyTorch's InstanceNorm takes None as 0: the statistics never move
     bn = _batch_norm(arrays, params, common, eps, momentum, channel, torch_training, c, x64)
     if family == "InstanceNorm":
       # Running averages of instance statistics, used at evaluation: a BatchNorm whose
       # sub-batches are single examples (instance statistics in training).
       bn.kwargs["virtual_batch_size"] = bn.nnx_kwargs["virtual_batch_size"] = 1
-    return bn
+    return bn._replace(activation=carried)
   if family == "InstanceNorm":
     kw = dict(epsilon=torch_epsilon(eps), feature_axes=channel, **common)
-    return TorchNorm("InstanceNorm", kw, dict(num_features=c, **kw), _vars(params))
+    return TorchNorm("InstanceNorm", kw, dict(num_features=c, **kw), _vars(params), carried)
   if family == "GroupNorm":
     if options["num_groups"] is None:
       raise ValueError("GroupNorm needs num_groups (PyTorch's first constructor argument).")
     kw = dict(num_groups=int(options["num_groups"]), epsilon=torch_epsilon(eps),
               feature_axis=channel, **common)  # fmt: skip
-    return TorchNorm("GroupNorm", kw, dict(num_features=c, **kw), _vars(params))
-  if kind == "LayerNorm2d":  # over the channels of an NCHW (or NHWC) input
+    return TorchNorm("GroupNorm", kw, dict(num_features=c, **kw), _vars(params), carried)
+  if kind in ("LayerNorm2d", "RMSNorm2d"):  # over the channels of an NCHW (or NHWC) input
     shape = options["normalized_shape"]
     if weight is not None:
       c = int(weight.shape[0])
     elif shape is not None:
       c = int(np.atleast_1d(shape)[0])
     elif c is None:
-      raise ValueError("LayerNorm2d without a weight needs normalized_shape (its channels).")
-    kw = dict(reduction_axes=channel, feature_axes=channel, epsilon=torch_epsilon(eps), **common)
-    return TorchNorm("LayerNorm", kw, dict(num_features=c, **kw), _vars(params))
+      raise ValueError(f"{kind} without a weight needs normalized_shape (its channels).")
+    kw = dict(reduction_axes=channel, feature_axes=channel, epsilon=torch_epsilon(eps, act),
+              **common)  # fmt: skip
+    module = "RMSNorm" if kind == "RMSNorm2d" else "LayerNorm"
+    return TorchNorm(module, kw, dict(num_features=c, **kw), _vars(params), carried)
   if options["normalized_shape"] is not None:
     shape = tuple(int(d) for d in np.atleast_1d(options["normalized_shape"]))
   elif weight is not None:
@@ -321,7 +485,8 @@ def from_torch(
   axes = tuple(range(-len(shape), 0))
   kw = dict(reduction_axes=axes, feature_axes=axes, epsilon=torch_epsilon(eps, act), **common)
   nnx_kw = dict(num_features=math.prod(shape), **kw)
-  return TorchNorm("RMSNorm" if kind == "RMSNorm" else "LayerNorm", kw, nnx_kw, _vars(params))
+  module = "RMSNorm" if kind == "RMSNorm" else "LayerNorm"
+  return TorchNorm(module, kw, nnx_kw, _vars(params), carried)
 
 
 def _features(kind, arrays, num_features):
@@ -340,6 +505,11 @@ def _features(kind, arrays, num_features):
       f"of channels), which the NNX module needs."
     )
   return int(num_features)
+
+
+def _stats_dtype(arrays, x64):
+  """float64 running statistics stay float64 where JAX holds them (x64), else float32."""
+  return np.float64 if x64 and arrays["running_mean"].dtype == np.float64 else np.float32
 
 
 def _vars(params, stats=None):
@@ -369,8 +539,7 @@ def _batch_norm(arrays, params, common, eps, momentum, channel, torch_training, 
     kw["unbiased_running_var"] = True
   elif momentum is None:
     raise ValueError("momentum=None is PyTorch's cumulative average: keep torch_training=True.")
-  stats_dtype = np.float64 if x64 and arrays["running_mean"].dtype == np.float64 else np.float32
-  stats = {k: arrays[f"running_{k}"].astype(stats_dtype) for k in ("mean", "var")}
+  stats = {k: arrays[f"running_{k}"].astype(_stats_dtype(arrays, x64)) for k in ("mean", "var")}
   if torch_training:  # PyTorch's counter of updates, kept (momentum=None reads it)
     stats["num_batches_tracked"] = np.asarray(arrays.get("num_batches_tracked", 0), np.int32)
   nnx_kw = dict(num_features=c, **kw)
@@ -380,25 +549,36 @@ def _batch_norm(arrays, params, common, eps, momentum, channel, torch_training, 
 def norms_from_state_dict(
   state_dict: Any,
   rules: Mapping[str, Any],
+  *,
+  skip: Collection[str] = (),
   **options: Any,
 ) -> tuple[dict, dict[str, TorchNorm], list[str]]:
   """Converts every norm of a whole model by name pattern: of the model itself (a PyTorch
   module: each norm with its own ``eps``, ``momentum``, groups, ... read from it), or of
   its ``state_dict``.
 
-  ``rules`` maps a regular expression matching a PyTorch module's name (a key without its
-  last ``.weight``/``.bias``/...) to ``(kind, flax_path)``: the PyTorch class and the
-  Flax path of the module, a ``re.sub`` replacement (groups allowed) with ``/`` between
-  names; for a model, ``flax_path`` alone will do (the class is the module's own). Other
-  entries (convolutions, linear layers) are left to the caller (a Conv kernel ``OIHW``
-  becomes Flax's ``HWIO`` with ``w.transpose(2, 3, 1, 0)``, a Linear ``(out, in)``
-  weight ``w.T``).
+  ``rules`` maps a regular expression matching a PyTorch module's whole name (a key without
+  its last ``.weight``/``.bias``/...) to ``(kind, flax_path)``: the PyTorch class and the
+  Flax path of the module, a match template (``\\1`` or ``\\g<name>`` for the pattern's
+  groups, as in ``re.Match.expand``) with ``/`` between names; for a model, ``flax_path``
+  alone will do (the kind is the module's own, subclasses and other libraries' norms
+  included: :func:`torch_kind`). Other entries (convolutions, linear layers) are left to
+  the caller (a Conv kernel ``OIHW`` becomes Flax's ``HWIO`` with ``w.transpose(2, 3, 1,
+  0)``, a Linear ``(out, in)`` weight ``w.T``).
+
+  Nothing is skipped silently: a module a rule matches that looks like a norm (running
+  statistics, or parameters and "norm" in its class's name) but is none jaxnorm converts
+  is an error naming it, unless ``skip`` names it; two modules mapped to one Flax path are
+  an error; a norm that applies an activation too (timm's ``BatchNormAct2d``) is converted
+  with one warning for the model naming each activation.
 
   Args:
     state_dict: a PyTorch model (anything with ``named_modules()`` and ``state_dict()``)
       or its ``state_dict`` (a mapping of names to arrays).
     rules: ``{pattern: (kind, flax_path)}``; for a model also ``{pattern: flax_path}``,
-      which matches only the model's norm modules (e.g. ``{r"(.*)": r"\1"}``: every one).
+      which matches only the model's norm modules (e.g. ``{r"(.*)": r"\\1"}``: every one).
+    skip: PyTorch module names (or patterns matching whole names) to leave unconverted;
+      their entries stay in ``rest``.
     **options: :func:`from_torch`'s options for every converted layer (with a model,
       only those a module does not hold: ``channels_first``, ``dtype``,
       ``torch_training``).
@@ -407,6 +587,10 @@ def norms_from_state_dict(
     ``(variables, layers, rest)``: the norms' Linen variables nested at their Flax paths
     (``{"params": ..., "batch_stats": ...}``), each converted layer by Flax path, and the
     ``state_dict`` keys no rule consumed.
+
+  Raises:
+    ValueError: for a matched norm-like module that cannot be converted, two modules
+      mapped to one Flax path, or :func:`from_torch`'s errors (naming the module).
 
   >>> import numpy as np
   >>> sd = {"layer1.0.bn1.weight": np.ones(2), "layer1.0.bn1.bias": np.zeros(2),
@@ -417,10 +601,13 @@ def norms_from_state_dict(
   >>> sorted(variables["params"]["layer1_0"]["bn1"]), rest
   (['bias', 'scale'], ['layer1.0.conv1.weight'])
   """
+  channels_first = options.pop("channels_first", True)
+  torch_training = options.pop("torch_training", True)
   if hasattr(state_dict, "named_modules"):
     model = state_dict
     state_dict = dict(model.state_dict())
-    sources: dict[str, Any] = dict(model.named_modules())
+    # (remove_duplicate=False: a module registered under two names has keys under both)
+    sources: dict[str, Any] = dict(model.named_modules(remove_duplicate=False))
   else:
     sources = {}
     for key, value in state_dict.items():
@@ -428,32 +615,50 @@ def norms_from_state_dict(
       sources.setdefault(prefix, {})[leaf] = value
   flat: dict[tuple[str, ...], Any] = {}  # (collection, *module path, leaf): value
   layers: dict[str, TorchNorm] = {}
+  origin: dict[str, str] = {}  # Flax path: PyTorch name
   used: set[str] = set()
   for prefix, source in sources.items():
+    if any(re.fullmatch(name, prefix) for name in skip):
+      continue
     for pattern, rule in rules.items():
       kind, path = rule if isinstance(rule, tuple) else (None, rule)
-      if not re.fullmatch(pattern, prefix):
+      match = re.fullmatch(pattern, prefix)
+      if match is None:
         continue
-      if kind is None and not isinstance(source, dict) and type(source).__name__ not in KINDS:
-        continue  # a path-only rule matches a model's norms only
-      flax_path = re.sub(pattern, path, prefix) if isinstance(path, str) else path(prefix)
-      if isinstance(source, dict):
-        if kind is None:
-          raise ValueError(f"rule {pattern!r} needs (kind, flax_path) for a state_dict.")
-        layer = from_torch(kind, source, **options)
-        leaves = list(source)
-      else:
-        if kind is not None and type(source).__name__ != kind:
-          raise ValueError(
-            f"{prefix!r} is a {type(source).__name__}, but rule {pattern!r} says {kind}."
-          )
-        layer = from_torch(source, **options)
+      module = not isinstance(source, dict)
+      if module and torch_kind(source) is None:
+        if kind is None and not _norm_like(source):
+          continue  # a path-only rule matches a model's norms only
+        raise _unconvertible(prefix, source)
+      if not module and kind is None:
+        raise ValueError(f"rule {pattern!r} needs (kind, flax_path) for a state_dict.")
+      if module and kind is not None and torch_kind(source) != kind:
+        cls = type(source).__name__
+        found = cls if cls == torch_kind(source) else f"{cls} (a {torch_kind(source)})"
+        raise ValueError(f"{prefix!r} is a {found}, but rule {pattern!r} says {kind}.")
+      flax_path = match.expand(path) if isinstance(path, str) else path(prefix)
+      if flax_path in origin:
+        raise ValueError(
+          f"{origin[flax_path]!r} and {prefix!r} both map to the Flax path {flax_path!r}; "
+          f"give each module its own path (e.g. the pattern's groups in the template: "
+          f"r'bn(\\d)' -> r'bn\\1')."
+        )
+      if module:
+        given = {**_DEFAULTS, "dtype": None, **options}
+        layer = _convert(source, None, given, channels_first, torch_training, repr(prefix))
         leaves = list(source.state_dict())
-      layers[flax_path] = layer
+      else:
+        layer = from_torch(kind, source, channels_first=channels_first,
+                           torch_training=torch_training, **options)  # fmt: skip
+        leaves = list(source)
+      layers[flax_path], origin[flax_path] = layer, prefix
       for collection, values in layer.variables.items():
         for leaf, value in values.items():
           flat[(collection, *flax_path.split("/"), leaf)] = value
-      used.update(f"{prefix}.{leaf}" for leaf in leaves)
+      used.update(f"{prefix}.{leaf}" if prefix else leaf for leaf in leaves)
       break
+  carried = {origin[p]: layer.activation for p, layer in layers.items() if layer.activation}
+  if carried:
+    warnings.warn(_activation_message(carried), stacklevel=2)
   variables = traverse_util.unflatten_dict(flat)
   return variables, layers, [k for k in state_dict if k not in used]

@@ -24,11 +24,12 @@ import jax.numpy as jnp
 from flax import traverse_util
 from jax import lax
 
+from jaxnorm._dtypes import promote
 from jaxnorm._kernel import check_epsilon
 
 
 def fold_batch_norm(
-  layer: Mapping[str, Any], norm: Mapping[str, Any], *, epsilon: float = 1e-5
+  layer: Mapping[str, Any], norm: Mapping[str, Any], *, epsilon: float | None = None
 ) -> dict[str, jax.Array]:
   """``{"kernel": W·s, "bias": (b − μ)·s + β}``: a BatchNorm folded into the preceding
   ``Dense``/``Conv``.
@@ -37,13 +38,15 @@ def fold_batch_norm(
     layer: the layer's parameters, ``{"kernel": W}`` with or without ``"bias"``.
     norm: the BatchNorm's (or FrozenBatchNorm's) variables: ``{"params": {"scale",
       "bias"}, "batch_stats": {"mean", "var"}}`` (scale and bias optional).
-    epsilon: the BatchNorm's ε (default 1e-5, BatchNorm's).
+    epsilon: the BatchNorm's ε, required: the variables do not hold it, and a wrong one
+      folds silently wrong (1e-5 for a MobileNetV3's 1e-3 puts outputs off by 2–8).
 
   Returns:
     The folded layer's parameters, in the kernel's dtype.
 
   Raises:
-    ValueError: for statistics that do not match the kernel's output features.
+    ValueError: for no ``epsilon``, or statistics that do not match the kernel's output
+      features.
 
   >>> folded = fold_batch_norm(
   ...   {"kernel": jnp.ones((2, 3))},
@@ -52,6 +55,12 @@ def fold_batch_norm(
   >>> folded["kernel"].tolist(), folded["bias"].tolist()
   ([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], [-1.0, -1.0, -1.0])
   """
+  if epsilon is None:
+    raise ValueError(
+      "fold_batch_norm needs the BatchNorm's epsilon (its variables do not hold it, and a "
+      "default would fold other norms silently wrong): pass epsilon=module.epsilon, or "
+      "for a whole model use fold_batch_norms with batch_norm_epsilons(model, x)."
+    )
   eps = check_epsilon(epsilon)
   kernel = jnp.asarray(layer["kernel"])
   stats, params = norm["batch_stats"], norm.get("params", {})
@@ -63,7 +72,7 @@ def fold_batch_norm(
       f"{kernel.shape} has {out} output features; fold a BatchNorm over the layer's output "
       f"features (statistics of shape ({out},)) that directly follows it."
     )
-  acc = jnp.promote_types(kernel.dtype, jnp.float32)
+  acc = promote(kernel.dtype, jnp.float32)
   gamma, beta = (
     None if k not in params else jnp.asarray(params[k], acc) for k in ("scale", "bias")
   )
@@ -80,7 +89,7 @@ def fold_batch_norms(
   variables: Mapping[str, Any],
   pairs: Mapping[str, str],
   *,
-  epsilon: float | Mapping[str, Any] = 1e-5,
+  epsilon: float | Mapping[str, Any] | None = None,
 ) -> dict:
   """Folds every ``layer → BatchNorm`` pair of a Linen model's variables.
 
@@ -88,10 +97,10 @@ def fold_batch_norms(
     variables: the model's variables (``params`` and ``batch_stats``).
     pairs: ``{layer path: BatchNorm path}``, paths with ``/`` between module names, e.g.
       ``{"Conv_0": "BatchNorm_0", "block1/conv": "block1/bn"}``.
-    epsilon: the BatchNorms' ε: one number for all (default 1e-5, BatchNorm's), or each
-      norm's own, ``{BatchNorm path: ε}``, e.g. from :func:`batch_norm_epsilons` (the
-      model's own) or the converted layers of :func:`jaxnorm.convert.norms_from_state_dict`
-      (its ``layers``, whose ε is used).
+    epsilon: the BatchNorms' ε, required (the variables do not hold it): each norm's own,
+      ``{BatchNorm path: ε}``, from :func:`batch_norm_epsilons` (the model's own) or the
+      converted layers of :func:`jaxnorm.convert.norms_from_state_dict` (its ``layers``,
+      whose ε is used); or one number for all, where every norm has that one.
 
   Returns:
     The variables of the same model built without those BatchNorms and with a bias on
@@ -99,16 +108,25 @@ def fold_batch_norms(
     ``kernel``/``bias`` replaced; ``batch_stats`` dropped when nothing is left in it.
 
   Raises:
-    ValueError: for a path with no such module, a norm without running statistics (it
-      normalizes with each batch's own, so it is no fixed affine map), or a norm missing
-      from a per-norm ``epsilon``.
+    ValueError: for no ``epsilon``, a path with no such module, a norm without running
+      statistics (it normalizes with each batch's own, so it is no fixed affine map), or a
+      norm missing from a per-norm ``epsilon``.
 
   >>> v = {"params": {"Dense_0": {"kernel": jnp.ones((2, 3))},
   ...                 "BatchNorm_0": {"scale": jnp.ones(3), "bias": jnp.zeros(3)}},
   ...      "batch_stats": {"BatchNorm_0": {"mean": jnp.zeros(3), "var": jnp.ones(3)}}}
-  >>> sorted(fold_batch_norms(v, {"Dense_0": "BatchNorm_0"})["params"]["Dense_0"])
+  >>> folded = fold_batch_norms(v, {"Dense_0": "BatchNorm_0"}, epsilon={"BatchNorm_0": 1e-5})
+  >>> sorted(folded["params"]["Dense_0"])
   ['bias', 'kernel']
   """
+  if epsilon is None:
+    raise ValueError(
+      "fold_batch_norms needs each BatchNorm's epsilon (the variables do not hold it, and "
+      "a default would fold other norms silently wrong: a MobileNetV3's 1e-3 folded as "
+      "1e-5 is off by 2-8): pass epsilon=batch_norm_epsilons(model, x) for a Linen model, "
+      "epsilon=layers (norms_from_state_dict's) for a PyTorch one, or one number that "
+      "every norm has."
+    )
   flat = {c: traverse_util.flatten_dict(tree) for c, tree in variables.items()}
   for layer_path, norm_path in pairs.items():
     eps = _epsilon_of(epsilon, norm_path)

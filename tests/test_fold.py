@@ -68,11 +68,13 @@ def test_folded_model_equals_the_unfolded_one(layer, bias, norm, rng):
 def test_fold_errors():
   with pytest.raises(ValueError, match="output features"):
     jaxnorm.fold_batch_norm(
-      {"kernel": jnp.ones((2, 3))}, {"batch_stats": {"mean": jnp.zeros(4), "var": jnp.ones(4)}}
+      {"kernel": jnp.ones((2, 3))},
+      {"batch_stats": {"mean": jnp.zeros(4), "var": jnp.ones(4)}},
+      epsilon=1e-5,
     )
   with pytest.raises(ValueError, match="no BatchNorm statistics"):
     jaxnorm.fold_batch_norms(
-      {"params": {"Dense_0": {"kernel": jnp.ones((2, 3))}}}, {"Dense_0": "bn"}
+      {"params": {"Dense_0": {"kernel": jnp.ones((2, 3))}}}, {"Dense_0": "bn"}, epsilon=1e-5
     )
 
 
@@ -128,7 +130,7 @@ def test_a_norm_without_running_statistics_is_not_folded():
   variables = {"params": {"Dense_0": {"kernel": jnp.ones((2, 3))},
                           "bn": {"scale": jnp.ones(3), "bias": jnp.zeros(3)}}}  # fmt: skip
   with pytest.raises(ValueError, match="no running statistics.*cannot be folded"):
-    jaxnorm.fold_batch_norms(variables, {"Dense_0": "bn"})
+    jaxnorm.fold_batch_norms(variables, {"Dense_0": "bn"}, epsilon=1e-5)
 
 
 def test_float64_stays_float64():
@@ -143,3 +145,16 @@ def test_float64_stays_float64():
                       "running_var": kernel[0]})  # fmt: skip
     assert layer.kwargs["param_dtype"] == jnp.float64
     assert layer.variables["batch_stats"]["var"].dtype == np.float64
+
+
+def test_no_silent_default_epsilon():
+  """Folding needs each norm's ε: a default 1e-5 folded a MobileNetV3 (ε = 1e-3) with its
+  outputs off by 2-8. Without one, both functions refuse and say where ε comes from."""
+  x = jax.random.normal(jax.random.key(0), (2, 6, 6, 3))
+  variables = TwoBlocks().init(jax.random.key(1), x)
+  pairs = {"conv0": "bn0", "conv1": "bn1"}
+  with pytest.raises(ValueError, match=r"needs each BatchNorm's epsilon.*batch_norm_epsilons"):
+    jaxnorm.fold_batch_norms(variables, pairs)
+  norm = {c: variables[c]["bn0"] for c in ("params", "batch_stats")}
+  with pytest.raises(ValueError, match="needs the BatchNorm's epsilon"):
+    jaxnorm.fold_batch_norm(variables["params"]["conv0"], norm)

@@ -220,7 +220,8 @@ def test_a_whole_model_with_each_norms_own_arguments():
   bn = _module("BatchNorm2d", _case("bn1d_seq", "init"), eps=1e-3, momentum=0.3)
   gn = _module("GroupNorm", _case("gn", "init"), eps=1e-5, num_groups=2)
   conv = _module("Conv2d", {"weight": np.ones((4, 4, 1, 1))})
-  model.named_modules = lambda: [("", model), ("0", conv), ("1", bn), ("2", gn)]
+  model.named_modules = lambda remove_duplicate=True: [("", model), ("0", conv), ("1", bn),
+                                                       ("2", gn)]  # fmt: skip
   model.state_dict = lambda: {
     "0.weight": conv.state_dict()["weight"],
     **{f"1.{k}": v for k, v in bn.state_dict().items()},
