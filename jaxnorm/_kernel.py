@@ -242,6 +242,10 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   dx, dscale, dbias, _, depsilon = tangents
   y, stats, r = _primal(x, scale, bias, mask, epsilon, cfg, differentiated=True)
   mean, var, count = stats
+  if mask is not None:
+    # Masked-out padding is often garbage: a NaN or inf there, times a zero cotangent, would
+    # reach every valid gradient through the group sums. Finite padding keeps its terms.
+    x = jnp.where(broadcast_mask(mask, x.shape) | jnp.isfinite(x), x, 0)
   v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias)
   # Products with per-group or per-feature tangents run in at least float32: reverse mode
   # transposes their broadcasts into sums over x, which overflow float16 past 65,504 terms.

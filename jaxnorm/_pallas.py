@@ -143,6 +143,8 @@ def _backward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int) -> None:
   r = _unpack(refs, spec, ("x", "scale", "mask", "eps", "dy", "dh"), ("dx", "dscale", "dbias"))
   x = r["x"][...].astype(jnp.float32)
   valid = _valid(x, spec, r.get("mask"))
+  if spec.has_mask:  # garbage padding (NaN, inf) must not reach the sums of g·x̂ and dy·x̂
+    x = jnp.where(valid | jnp.isfinite(x), x, 0.0)
   xs, mean, rs, s, inv_n, std = _row_statistics(x, valid, r["eps"][0, 0], spec)
   columns = lax.broadcasted_iota(jnp.int32, x.shape, 1) < spec.d
   xhat = jnp.where(columns, (xs - mean) * rs, 0.0)

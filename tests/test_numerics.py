@@ -8,6 +8,7 @@ import pytest
 
 import jaxnorm
 from tests import reference as ref
+from tests.cases import CASES, IDS
 
 # The public test vector of the brief: N=2, C=2, H=W=2, channels first.
 WORKED = np.array(
@@ -191,3 +192,37 @@ def test_rms_module_options(rng):
     zero_centered=True,
   )
   np.testing.assert_allclose(np.asarray(y), expected, atol=2e-5)
+
+
+@pytest.mark.parametrize("garbage", [np.nan, np.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize(
+  "case", [*CASES, CASES[1]._replace(name="pallas", kwargs={"implementation": "pallas"})],
+  ids=[*IDS, "layer-pallas"],
+)
+def test_masked_padding_never_reaches_valid_outputs_or_gradients(case, garbage, rng):
+  """Padding is often garbage: NaN or inf at masked-out positions gives the valid outputs and
+  every gradient (of x at valid positions, of the scale and the bias) that zero padding
+  gives (once the gradients of BatchNorm, GroupNorm, InstanceNorm were NaN everywhere)."""
+  x = rng.normal(2.0, 1.5, (4, 3, 3, 8)).astype(np.float32)
+  mask = np.ones((4, 3, 3, 1), bool)
+  mask[0, 0, 0] = mask[1, 2, 1] = mask[3, 0, 2] = False
+  valid = np.broadcast_to(mask, x.shape)
+  dirty, clean = x.copy(), x.copy()
+  dirty[~valid], clean[~valid] = garbage, 0.0
+  g, b = rng.normal(1, 0.3, 8).astype(np.float32), rng.normal(0, 0.3, 8).astype(np.float32)
+  w = rng.normal(size=x.shape).astype(np.float32)
+
+  def loss(x, g, b):
+    y = case.fn(x, g, b if case.pure_bias else None, mask=mask, **case.kwargs)
+    return jnp.where(valid, y * w, 0.0).sum(), y
+
+  grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+  (l_dirty, y_dirty), d_dirty = grad(dirty, g, b)
+  (l_clean, y_clean), d_clean = grad(clean, g, b)
+  np.testing.assert_allclose(l_dirty, l_clean, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(y_dirty)[valid], np.asarray(y_clean)[valid], rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(d_dirty[0])[valid], np.asarray(d_clean[0])[valid],
+                             rtol=1e-5, atol=1e-6)  # fmt: skip
+  for name, a, c in (("scale", d_dirty[1], d_clean[1]), ("bias", d_dirty[2], d_clean[2])):
+    np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6, err_msg=name)
+  assert np.abs(np.asarray(d_clean[0])[valid]).max() > 1e-2  # (gradients that can differ)
