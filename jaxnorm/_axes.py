@@ -19,14 +19,20 @@ def canonicalize_axes(axes: Axes, ndim: int, *, name: str = "axes") -> tuple[int
   (1, 3)
   """
   seq = tuple(axes) if isinstance(axes, Sequence) else (axes,)
-  try:
-    return tuple(sorted(normalize_axis_tuple(seq, ndim)))
-  except TypeError:
-    bad = next(a for a in seq if not isinstance(a, int | np.integer) or isinstance(a, bool))
+  bad = [a for a in seq if not isinstance(a, int | np.integer) or isinstance(a, bool | np.bool_)]
+  if bad:  # (bools are ints to Python and NumPy: axes=True would mean axis 1)
     raise TypeError(
       f"{name} must be integers or a sequence of integers, got {axes!r} "
-      f"(an element of type {type(bad).__name__}); pass e.g. {name}=-1 or {name}=(1, 2)."
-    ) from None
+      f"(an element of type {type(bad[0]).__name__}); pass e.g. {name}=-1 or {name}=(1, 2)."
+    )
+  if ndim == 0 and seq:
+    raise ValueError(
+      f"{name}={axes!r} names an axis of a 0-d input (a scalar), which has none: a norm "
+      f"computes its statistics over axes of the input; pass an array of rank >= 1 "
+      f"(e.g. x[None] for one value, or the whole array the scalar came from)."
+    )
+  try:
+    return tuple(sorted(normalize_axis_tuple(seq, ndim)))
   except np.exceptions.AxisError:
     raise ValueError(
       f"{name}={axes!r} is out of range for an input of rank {ndim}: every axis must lie "
@@ -38,6 +44,27 @@ def canonicalize_axes(axes: Axes, ndim: int, *, name: str = "axes") -> tuple[int
       f"{name}={axes!r} names the same axis more than once for an input of rank {ndim} "
       f"(as non-negative axes: {tuple(int(a) % ndim for a in seq)}); list each axis once."
     ) from None
+
+
+def statistics_axes(axes: Axes, ndim: int, *, name: str = "axes") -> tuple[int, ...]:
+  """:func:`canonicalize_axes` of the axes a norm's statistics run over, which must be at
+  least one: over none, each element would be its own group (variance 0), and the output
+  β (LayerNorm) or sign(x) (RMSNorm) whatever the input.
+
+  >>> statistics_axes((), 3, name="reduction_axes")  # doctest: +ELLIPSIS
+  Traceback (most recent call last):
+  ...
+  ValueError: reduction_axes=() reduces over no axis ...
+  """
+  out = canonicalize_axes(axes, ndim, name=name)
+  if not out:
+    raise ValueError(
+      f"{name}={axes!r} reduces over no axis of a rank-{ndim} input: every element would "
+      f"be normalized by its own statistics (variance 0), giving the bias (or sign(x) "
+      f"without centering) whatever the input; pass the axes to normalize over, e.g. "
+      f"{name}=-1 (PyTorch refuses an empty normalized_shape too)."
+    )
+  return out
 
 
 def complement(axes: tuple[int, ...], ndim: int) -> tuple[int, ...]:
@@ -81,7 +108,15 @@ def instance_norm_axes(ndim: int, feature_axes: Axes) -> tuple[tuple[int, ...], 
       f"feature_axes={feature_axes!r} includes axis 0, the batch axis of InstanceNorm, for "
       f"an input of rank {ndim}; channels go at -1 (NHWC) or 1 (NCHW)."
     )
-  return feat, tuple(a for a in range(1, ndim) if a not in feat)
+  reduced = tuple(a for a in range(1, ndim) if a not in feat)
+  if not reduced:
+    raise ValueError(
+      f"InstanceNorm of a rank-{ndim} input with feature_axes={feature_axes!r} has no axis "
+      f"left to compute statistics over (axis 0 is the batch): it needs spatial or time "
+      f"axes, e.g. (N, H, W, C) or (N, L, C); for per-sample statistics over the features "
+      f"use LayerNorm."
+    )
+  return feat, reduced
 
 
 def channel_axis(feature_axis: Axes, ndim: int) -> int:

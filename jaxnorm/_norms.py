@@ -9,14 +9,23 @@ Flax: ``dtype`` if given, else the promotion of the input's and the parameters' 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
+from flax import nnx
 
-from jaxnorm._axes import Axes, canonicalize_axes, group_norm_axes, instance_norm_axes
+from jaxnorm._axes import (
+  Axes,
+  canonicalize_axes,
+  group_norm_axes,
+  instance_norm_axes,
+  statistics_axes,
+)
 from jaxnorm._config import Config, configure, options
 from jaxnorm._dtypes import output_dtype, promote
 from jaxnorm._kernel import affine_normalize, affine_params
@@ -30,7 +39,14 @@ def zero_centered_init(init: Any) -> Any:
   ``zero_centered_scale``, Gemma-style)."""
 
   def zero_centered(key, shape, dtype=jnp.float32):
-    return init(key, shape, dtype) - 1
+    value = init(key, shape, dtype)
+    # Partitioned inits (nn.with_logical_partitioning, nnx.with_partitioning) return boxed
+    # values: shift what is inside and keep the box, sharding names and all.
+    if isinstance(value, nn.meta.AxisMetadata):
+      return value.replace_boxed(value.unbox() - 1)
+    if isinstance(value, nnx.VariableMetadata):
+      return dataclasses.replace(value, raw_value=value.raw_value - 1)
+    return value - 1
 
   return zero_centered
 
@@ -81,7 +97,7 @@ def normalize(
   """
   with jax.named_scope("jaxnorm.normalize"):
     x = jnp.asarray(x)
-    axes = canonicalize_axes(axes, x.ndim)
+    axes = statistics_axes(axes, x.ndim)
     cfg = configure(
       x, axes, (), center=center, axis_name=axis_name, axis_index_groups=axis_index_groups
     )
@@ -341,7 +357,7 @@ def _trailing_norm(
   if residual is not None:
     h_dtype = residual_sum_dtype(x, residual, residual_dtype)
   normalized = x if residual is None else jnp.zeros((), h_dtype)  # (configure reads dtypes)
-  reduced = canonicalize_axes(reduction_axes, x.ndim, name="reduction_axes")
+  reduced = statistics_axes(reduction_axes, x.ndim, name="reduction_axes")
   features = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
   cfg = configure(normalized, reduced, features, scale, bias, **settings)
   if residual is not None:  # y in the dtype the norm of x would have (Flax's rule)
@@ -425,6 +441,14 @@ def instance_norm(
 
 def resolve_groups(channels: int, num_groups: int | None, group_size: int | None) -> int:
   """Returns the number of groups from exactly one of ``num_groups`` and ``group_size``."""
+  for name, value in (("num_groups", num_groups), ("group_size", group_size)):
+    if value is not None and (
+      isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer)
+    ):
+      raise TypeError(
+        f"{name} must be an int, got {value!r} (a {type(value).__name__}); pass e.g. "
+        f"{name}=32."
+      )
   if (num_groups is None) == (group_size is None):
     raise ValueError(
       f"GroupNorm needs exactly one of num_groups and group_size, got num_groups={num_groups}"

@@ -49,6 +49,23 @@ def abs_sq(z: jax.Array) -> jax.Array:
   return z * z
 
 
+def axis_size(axis_name: Any) -> int:
+  """The size of the mapped axis ``axis_name`` (a Python int: axis sizes are static), or a
+  ``NameError`` that names it and says how to bind it (JAX's says only "unbound axis
+  name")."""
+  try:
+    return lax.psum(1, axis_name)
+  except NameError:
+    raise NameError(
+      f"axis_name={axis_name!r} is not bound here: the statistics are combined across the "
+      f"mapped axis of that name, which exists only inside a transform that names it: "
+      f"jax.vmap(f, axis_name={axis_name!r}) (an Equinox BatchNorm: jax.vmap(bn, "
+      f"axis_name={axis_name!r}, in_axes=(0, None), out_axes=(0, None))), jax.shard_map "
+      f"over a mesh axis {axis_name!r}, or jax.pmap(f, axis_name={axis_name!r}). Call it "
+      f"inside one, or pass axis_name=None for the statistics of this call alone."
+    ) from None
+
+
 def psum(value: Any, axis_name: Any, axis_index_groups: Any = None) -> Any:
   """``lax.psum`` of a pytree over ``axis_name`` (``value`` unchanged when it is None);
   with ``axis_index_groups``, each group's own sum, under ``pmap``, ``shard_map`` and
@@ -58,6 +75,7 @@ def psum(value: Any, axis_name: Any, axis_index_groups: Any = None) -> Any:
   one code path under every transform.)"""
   if axis_name is None:
     return value
+  axis_size(axis_name)  # (a clear error when it is unbound)
   if axis_index_groups is None:
     return lax.psum(value, axis_name)
   group, _, count = _group_tables(axis_name, axis_index_groups)
@@ -281,7 +299,7 @@ def _combine_devices(count, mean, m2, axis_name, axis_index_groups):
   ``_GATHER_MEMBERS`` members in one collective (the triples gathered, :func:`_gather`),
   over more in two ``psum`` calls (``n`` and ``Σnᵢμᵢ``, then the ``M2`` terms around the
   global ``μ``). Returns ``(mean, var, count)``."""
-  if lax.psum(1, axis_name) > _GATHER_MEMBERS:
+  if axis_size(axis_name) > _GATHER_MEMBERS:
     n = count.astype(mean.dtype)
     total, weighted = psum((n, n * mean), axis_name, axis_index_groups)
     safe = jnp.maximum(total.real, 1)

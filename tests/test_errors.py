@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import jaxnorm
 
@@ -196,3 +197,53 @@ def test_module_errors_name_the_fix():
     jaxnorm.GroupNorm(num_groups=2, feature_axis=(1, 2)).init(
       jax.random.key(0), jnp.ones((2, 4, 8))
     )
+
+
+@pytest.mark.parametrize(
+  "call,error,pattern",
+  [
+    (lambda: jaxnorm.GroupNorm(num_groups=2.0).init(jax.random.key(0), X), TypeError,
+     r"num_groups must be an int, got 2.0 \(a float\)"),
+    (lambda: jaxnorm.nnx.GroupNorm(6, num_groups=2.0, rngs=nnx.Rngs(0))(X), TypeError,
+     r"num_groups must be an int"),
+    (lambda: jaxnorm.group_norm(X, num_groups=None, group_size=3.0), TypeError,
+     r"group_size must be an int"),
+    (lambda: jaxnorm.normalize(X, axes=True), TypeError,
+     r"axes must be integers.*got True \(an element of type bool\)"),
+    (lambda: jaxnorm.LayerNorm(reduction_axes=()).init(jax.random.key(0), X), ValueError,
+     r"reduction_axes=\(\) reduces over no axis of a rank-3 input.*bias"),
+    (lambda: jaxnorm.rms_norm(X, reduction_axes=()), ValueError, r"reduces over no axis"),
+    (lambda: jaxnorm.normalize(X, axes=()), ValueError, r"axes=\(\) reduces over no axis"),
+    (lambda: jaxnorm.instance_norm(jnp.ones((4, 6))), ValueError,
+     r"rank-2 input.*no axis left to compute statistics over.*use LayerNorm"),
+    (lambda: jaxnorm.layer_norm(jnp.float32(1)), ValueError,
+     r"names an axis of a 0-d input \(a scalar\).*x\[None\]"),
+  ],
+)  # fmt: skip
+def test_requests_once_accepted_silently(call, error, pattern):
+  """Each of these once ran: a float group count, a bool axis (axis 1), no reduced axis
+  (the output was β, or sign(x) for RMSNorm), a 0-d input (said 'every axis must lie in
+  [0, -1]')."""
+  with pytest.raises(error, match=pattern):
+    call()
+
+
+def test_an_unbound_axis_name_says_which_and_how_to_bind_it():
+  """JAX's own error is a bare ``NameError: unbound axis name: batch``; jaxnorm's names the
+  axis and the transforms that bind it, for every front end and under differentiation."""
+  eqx = pytest.importorskip("equinox")
+  import jaxnorm.equinox as jeqx
+
+  x = jnp.ones((8, 4, 3, 3))
+  bn, state = eqx.nn.make_with_state(jeqx.BatchNorm)(4, "batch", mode="batch")
+  linen = jaxnorm.BatchNorm(axis_name="d", use_running_average=False)
+  variables = linen.init(jax.random.key(0), X)  # (init runs locally, as Flax's)
+  calls = [
+    lambda: jax.vmap(bn, in_axes=(0, None), out_axes=(0, None))(x, state),
+    lambda: linen.apply(variables, X, mutable=["batch_stats"]),
+    lambda: jaxnorm.nnx.LayerNorm(6, axis_name="d", rngs=nnx.Rngs(0))(X),
+    lambda: jax.grad(lambda x: jaxnorm.group_norm(x, num_groups=2, axis_name="d").sum())(X),
+  ]
+  for call in calls:
+    with pytest.raises(NameError, match=r"axis_name='(batch|d)' is not bound here.*jax\.vmap"):
+      call()

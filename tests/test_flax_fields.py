@@ -133,3 +133,31 @@ def test_every_flax_field_is_honoured(name, field, value, rng):
   assert (
     jax.tree_util.tree_leaves(out_ours)[0].dtype == jax.tree_util.tree_leaves(out_theirs)[0].dtype
   )
+
+
+def test_zero_centered_scale_keeps_partitioned_initializers():
+  """``zero_centered_scale`` with a partitioned ``scale_init`` (Linen's logical or mesh
+  partitioning, NNX's ``with_partitioning`` or ``scale_metadata``) once raised
+  ``TypeError: unsupported operand ... 'LogicallyPartitioned' and 'int'``; the stored
+  scale is ``init − 1`` with the sharding names kept, as Flax's own options keep them."""
+  from flax import nnx
+
+  x = jnp.ones((2, 8))
+  for partition in (nn.with_logical_partitioning, nn.with_partitioning):
+    init = partition(nn.initializers.ones, ("embed",))
+    variables = jaxnorm.RMSNorm(zero_centered_scale=True, scale_init=init).init(
+      jax.random.key(0), x
+    )
+    assert nn.get_partition_spec(variables)["params"]["scale"] == jax.P("embed")
+    np.testing.assert_array_equal(nn.unbox(variables)["params"]["scale"], np.zeros(8))
+  mesh = jax.make_mesh((8,), ("embed",), axis_types=(jax.sharding.AxisType.Explicit,))
+  with jax.set_mesh(mesh):
+    for kw in (
+      dict(scale_init=nnx.with_partitioning(nnx.initializers.ones, ("embed",))),
+      dict(scale_metadata={"sharding": ("embed",)}),
+    ):
+      model = jaxnorm.nnx.RMSNorm(8, zero_centered_scale=True, rngs=nnx.Rngs(0), **kw)
+      meta = model.scale.get_metadata()
+      assert meta.get("out_sharding", meta.get("sharding")) == ("embed",)
+      np.testing.assert_array_equal(model.scale[...], np.zeros(8))
+      np.testing.assert_allclose(model(x), np.ones((2, 8)), rtol=1e-5)
