@@ -446,8 +446,7 @@ def resolve_groups(channels: int, num_groups: int | None, group_size: int | None
       isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer)
     ):
       raise TypeError(
-        f"{name} must be an int, got {value!r} (a {type(value).__name__}); pass e.g. "
-        f"{name}=32."
+        f"{name} must be an int, got {value!r} (a {type(value).__name__}); pass e.g. {name}=32."
       )
   if (num_groups is None) == (group_size is None):
     raise ValueError(

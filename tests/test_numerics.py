@@ -196,7 +196,8 @@ def test_rms_module_options(rng):
 
 @pytest.mark.parametrize("garbage", [np.nan, np.inf], ids=["nan", "inf"])
 @pytest.mark.parametrize(
-  "case", [*CASES, CASES[1]._replace(name="pallas", kwargs={"implementation": "pallas"})],
+  "case",
+  [*CASES, CASES[1]._replace(name="pallas", kwargs={"implementation": "pallas"})],
   ids=[*IDS, "layer-pallas"],
 )
 def test_masked_padding_never_reaches_valid_outputs_or_gradients(case, garbage, rng):
