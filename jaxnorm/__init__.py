@@ -17,6 +17,7 @@ same modules for ``flax.nnx``; :mod:`jaxnorm.convert` imports PyTorch's norms an
 
 from jaxnorm import convert, nnx
 from jaxnorm._batch import (
+  SingleValueWarning,
   batch_norm,
   batch_norm_step,
   batch_renorm,
@@ -59,6 +60,7 @@ __all__ = [
   "LayerNorm",
   "Moments",
   "RMSNorm",
+  "SingleValueWarning",
   "SpectralNorm",
   "WeightNorm",
   "add_layer_norm",

@@ -18,7 +18,9 @@ Every check and the unbiased running variance live here once.
 
 from __future__ import annotations
 
+import contextvars
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -47,16 +49,32 @@ Training = Callable[..., tuple[jax.Array, Moments, Pool]]
 # --- checks ----------------------------------------------------------------------------
 
 
+class SingleValueWarning(UserWarning):
+  """A BatchNorm trained on one value per statistic (a batch of one, on one device): the
+  variance is 0 and the output just the bias, as in Flax, whose idioms (``nnx.tabulate`` on
+  a dummy batch, transforms' tests) rely on it running. Make it an error with
+  ``warnings.filterwarnings("error", category=jaxnorm.SingleValueWarning)``."""
+
+
+# The layer a module's step runs for, named in warnings (the pure functions' own name else).
+_LAYER: contextvars.ContextVar[str | None] = contextvars.ContextVar("jaxnorm_layer", default=None)
+
+
 def check_batch_values(
   x_shape: tuple[int, ...], reduced: tuple[int, ...], axis_name: Any, name: str = "batch_norm"
 ) -> None:
-  """Raises if training statistics would have one value each (on one device)."""
+  """Warns (:class:`SingleValueWarning`, at trace time) if training statistics have one
+  value each on one device."""
   if math.prod(x_shape[a] for a in reduced) == 1 and axis_name is None:
-    raise ValueError(
-      f"{name} in training needs more than one value per statistic, but an input of "
-      f"shape {x_shape} reduced over axes {reduced} has 1 (the variance would be 0 and the "
-      f"output would be just the bias). Use a batch larger than 1, normalize with running "
-      f"statistics (use_running_average=True), or use LayerNorm/GroupNorm."
+    warnings.warn(
+      f"{_LAYER.get() or name} is training on one value per statistic: an input of shape "
+      f"{x_shape} reduced over axes {reduced} has 1 each, so the variance is 0 and the "
+      f"output is just the bias (as in Flax). Use a batch larger than 1, the running "
+      f"statistics (use_running_average=True), or LayerNorm/GroupNorm; "
+      f"warnings.filterwarnings('error', category=jaxnorm.SingleValueWarning) makes this "
+      f"an error.",
+      SingleValueWarning,
+      stacklevel=2,
     )
 
 
@@ -330,10 +348,21 @@ def step(
   momentum: Any,
   unbiased: bool = False,
   counter: Any = None,
+  layer: str | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, ...] | None]:
   """One call of a BatchNorm-family layer with the training normalization ``train``:
   ``(y, None)`` without an update, ``(y, (mean, var))`` (``+ (counter + 1,)`` with a
-  counter) in training."""
+  counter) in training. ``layer`` names the module in warnings."""
+  token = _LAYER.set(layer)
+  try:
+    return _step(train, x, scale, bias, running, cfg, epsilon, mask, use_running_average,
+                 initializing, momentum, unbiased, counter)  # fmt: skip
+  finally:
+    _LAYER.reset(token)
+
+
+def _step(train, x, scale, bias, running, cfg, epsilon, mask, use_running_average,
+          initializing, momentum, unbiased, counter):  # fmt: skip
   if running[0] is None and not initializing:  # no running statistics to use or update
     return train(x, scale, bias, None, cfg, epsilon, mask)[0], None
   if use_running_average:

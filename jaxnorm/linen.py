@@ -60,6 +60,12 @@ def _affine_params(
   return scale, bias
 
 
+def _layer_name(module: nn.Module) -> str:
+  """The module's class and path (``BatchNorm 'block1/bn'``), for warnings."""
+  path = "/".join(module.path)
+  return f"{type(module).__name__} {path!r}" if path else type(module).__name__
+
+
 def _merge_use_running_average(attribute: bool | None, argument: bool | None) -> bool:
   if (attribute is None) == (argument is None):
     got = "neither" if attribute is None else f"both ({attribute} and {argument})"
@@ -217,6 +223,7 @@ class BatchNorm(nn.BatchNorm):
       training(self.virtual_batch_size), x, scale, bias, running, cfg, self.epsilon, mask,
       use_running_average=use_ra, initializing=self.is_initializing(),
       momentum=self.momentum, unbiased=self.unbiased_running_var, counter=counter,
+      layer=_layer_name(self),
     )  # fmt: skip
     if updated is not None:  # (None without running statistics)
       ra_mean.value, ra_var.value = updated[:2]
@@ -288,7 +295,7 @@ class BatchRenorm(nn.BatchNorm):
     y, updated = step(
       train, x, scale, bias, (ra_mean.value, ra_var.value),
       cfg, self.epsilon, mask, use_running_average=use_ra,
-      initializing=self.is_initializing(), momentum=self.momentum,
+      initializing=self.is_initializing(), momentum=self.momentum, layer=_layer_name(self),
     )  # fmt: skip
     if updated is not None:
       ra_mean.value, ra_var.value = updated

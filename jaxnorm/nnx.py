@@ -229,6 +229,7 @@ class BatchNorm(nnx.BatchNorm):
       training(self.virtual_batch_size), x, scale, bias, tuple(running), cfg, self.epsilon,
       mask, use_running_average=use_ra, initializing=False, momentum=self.momentum,
       unbiased=self.unbiased_running_var, counter=counter,
+      layer=f"{type(self).__name__}({self.num_features})",
     )  # fmt: skip
     self._store(updated)
     if updated is not None and counts_batches(self):
@@ -334,7 +335,7 @@ class BatchRenorm(BatchNorm):
     y, updated = step(
       renorm_training(self.steps[...], **renorm_schedule(self)), x, scale, bias, (mean, var), cfg,
       self.epsilon, mask, use_running_average=use_ra, initializing=False,
-      momentum=self.momentum,
+      momentum=self.momentum, layer=f"{type(self).__name__}({self.num_features})",
     )  # fmt: skip
     self._store(updated)
     if updated is not None:

@@ -1,6 +1,9 @@
 """Every impossible request raises at trace time, saying what was expected, what was got,
 and how to fix it."""
 
+import warnings
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -73,11 +76,6 @@ X = jnp.ones((4, 5, 6))
       lambda x: jaxnorm.group_norm(x, jnp.ones(3), num_groups=2),
       ValueError,
       r"scale has shape \(3,\)",
-    ),
-    (
-      lambda x: jaxnorm.batch_norm(x[:1, :1]),
-      ValueError,
-      r"needs more than one value per statistic.*shape \(1, 1, 6\).*has 1.*batch larger than 1",
     ),
     (lambda x: jaxnorm.batch_norm(x, mean=jnp.zeros(6)), ValueError, r"only one of mean and var"),
     (
@@ -174,11 +172,44 @@ def test_use_running_average_exactly_once():
     )
 
 
-def test_batchnorm_module_refuses_single_value_training_but_not_init():
-  bn = jaxnorm.BatchNorm(use_running_average=False)
-  variables = bn.init(jax.random.key(0), jnp.ones((1, 3)))  # a dummy batch of one is fine
-  with pytest.raises(ValueError, match=r"more than one value per statistic"):
-    bn.apply(variables, jnp.ones((1, 3)), mutable=["batch_stats"])
+def test_training_on_one_value_per_statistic_warns_and_gives_flax_s_result():
+  """A batch of one in training: a warning that names the layer and says the output is the
+  bias, and Flax's result (β; running mean towards x, variance towards 0), so that Flax's
+  idioms on dummy batches (``nnx.tabulate``, transforms' tests) keep working; the warning
+  filter turns it into an error."""
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return jaxnorm.BatchNorm(use_running_average=False, momentum=0.5, name="bn")(x)
+
+  x = jnp.asarray([[1.0, -2.0, 3.0]])
+  variables = Net().init(jax.random.key(0), x)  # (init's dummy batch: no warning needed)
+  variables["params"]["bn"]["bias"] = jnp.asarray([0.1, 0.2, 0.3])
+  with pytest.warns(jaxnorm.SingleValueWarning, match=r"BatchNorm 'bn' is training on one "
+                    r"value per statistic.*shape \(1, 3\).*just the bias"):  # fmt: skip
+    y, updated = Net().apply(variables, x, mutable=["batch_stats"])
+  np.testing.assert_allclose(y, [[0.1, 0.2, 0.3]], atol=1e-6)
+  np.testing.assert_allclose(updated["batch_stats"]["bn"]["mean"], 0.5 * x[0], rtol=1e-6)
+  np.testing.assert_allclose(updated["batch_stats"]["bn"]["var"], [0.5] * 3, rtol=1e-6)
+  with pytest.warns(jaxnorm.SingleValueWarning, match=r"batch_norm is training on one value"):
+    jaxnorm.batch_norm(X[:1, :1])
+  bn = jaxnorm.nnx.BatchNorm(3, rngs=nnx.Rngs(0))
+  with pytest.warns(jaxnorm.SingleValueWarning, match=r"BatchNorm\(3\) is training"):
+    bn(x)
+  with warnings.catch_warnings():
+    warnings.filterwarnings("error", category=jaxnorm.SingleValueWarning)
+    with pytest.raises(jaxnorm.SingleValueWarning):
+      jaxnorm.batch_norm(X[:1, :1])
+
+
+def test_flax_idioms_on_a_dummy_batch_of_one():
+  """``nnx.tabulate`` on a batch of one (failed while training on one value was an error)."""
+  rngs = nnx.Rngs(0)
+  model = nnx.Sequential(nnx.Linear(4, 8, rngs=rngs), jaxnorm.nnx.BatchNorm(8, rngs=rngs))
+  with pytest.warns(jaxnorm.SingleValueWarning):
+    table = nnx.tabulate(model, jnp.ones((1, 4)))
+  assert "BatchNorm" in table
 
 
 def test_module_param_shape_mismatch_is_reported():
