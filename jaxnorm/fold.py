@@ -39,7 +39,7 @@ def fold_batch_norm(
     norm: the BatchNorm's (or FrozenBatchNorm's) variables: ``{"params": {"scale",
       "bias"}, "batch_stats": {"mean", "var"}}`` (scale and bias optional).
     epsilon: the BatchNorm's ε, required: the variables do not hold it, and a wrong one
-      folds silently wrong (1e-5 for a MobileNetV3's 1e-3 puts outputs off by 2–8).
+      folds silently wrong (MobileNetV3's norms have ε = 1e-3, BatchNorm's default is 1e-5).
 
   Returns:
     The folded layer's parameters, in the kernel's dtype.
@@ -122,8 +122,8 @@ def fold_batch_norms(
   if epsilon is None:
     raise ValueError(
       "fold_batch_norms needs each BatchNorm's epsilon (the variables do not hold it, and "
-      "a default would fold other norms silently wrong: a MobileNetV3's 1e-3 folded as "
-      "1e-5 is off by 2-8): pass epsilon=batch_norm_epsilons(model, x) for a Linen model, "
+      "a default would fold other norms silently wrong, e.g. a MobileNetV3's ε = 1e-3): "
+      "pass epsilon=batch_norm_epsilons(model, x) for a Linen model, "
       "epsilon=layers (norms_from_state_dict's) for a PyTorch one, or one number that "
       "every norm has."
     )
