@@ -72,4 +72,8 @@ html_theme_options = {
   "use_download_button": False,
   "use_fullscreen_button": False,
 }
-html_static_path = []
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]  # denser tables (which_norm.md's fits at 1280 px)
+# The theme reads the colour mode from here; unset, every page logged "Got invalid theme
+# mode: . Resetting to auto." in the browser console.
+html_context = {"default_mode": "auto"}

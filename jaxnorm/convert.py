@@ -40,7 +40,7 @@ from flax import traverse_util
 
 from jaxnorm._dtypes import promote, real_dtype
 
-__all__ = ["TorchNorm", "from_torch", "norms_from_state_dict", "torch_epsilon"]
+__all__ = ["TorchNorm", "from_torch", "norms_from_state_dict", "torch_epsilon", "torch_kind"]
 
 KINDS = (
   "BatchNorm1d",
