@@ -27,7 +27,7 @@ CASES = {
   "bn1d_seq": ("BatchNorm1d", dict(eps=1e-3, momentum=0.3)),
   "bn2d": ("BatchNorm2d", {}),
   "bn2d_cumulative": ("BatchNorm2d", dict(momentum=None)),
-  "bn2d_no_stats": ("BatchNorm2d", dict(num_features=3)),
+  "bn2d_no_stats": ("BatchNorm2d", {}),  # (its weight's shape gives num_features)
   "ln_chw": ("LayerNorm", {}),
   "ln_d": ("LayerNorm", dict(eps=1e-6)),
   "ln2d": ("LayerNorm2d", dict(eps=1e-6)),
@@ -277,8 +277,8 @@ def test_partial_or_foreign_state_dicts_are_refused_by_key(kind, state_dict, opt
 def test_a_layer_without_running_statistics_needs_no_mutable_and_no_mode():
   """BatchNorm2d(track_running_stats=False): batch statistics in both modes, no variables to
   update (Linen applies it without ``mutable``), nothing placeholder-valued to fold."""
-  layer = convert.from_torch("BatchNorm2d", _case("bn2d_no_stats", "init"), num_features=3)
-  assert "batch_stats" not in layer.variables
+  layer = convert.from_torch("BatchNorm2d", _case("bn2d_no_stats", "init"))
+  assert "batch_stats" not in layer.variables and layer.nnx_kwargs["num_features"] == 3
   data = _case("bn2d_no_stats", "eval")  # PyTorch's eval(): batch statistics too
   for kw in ({}, dict(use_running_average=True)):
     y = layer.linen().apply(layer.variables, jnp.asarray(data["x"]), **kw)
