@@ -194,13 +194,12 @@ def test_rms_module_options(rng):
   np.testing.assert_allclose(np.asarray(y), expected, atol=2e-5)
 
 
-@pytest.mark.parametrize("garbage", [np.nan, np.inf], ids=["nan", "inf"])
 @pytest.mark.parametrize(
   "case",
   [*CASES, CASES[1]._replace(name="pallas", kwargs={"implementation": "pallas"})],
   ids=[*IDS, "layer-pallas"],
 )
-def test_masked_padding_never_reaches_valid_outputs_or_gradients(case, garbage, rng):
+def test_masked_padding_never_reaches_valid_outputs_or_gradients(case, rng):
   """Padding is often garbage: NaN or inf at masked-out positions gives the valid outputs and
   every gradient (of x at valid positions, of the scale and the bias) that zero padding
   gives (once the gradients of BatchNorm, GroupNorm, InstanceNorm were NaN everywhere)."""
@@ -209,6 +208,7 @@ def test_masked_padding_never_reaches_valid_outputs_or_gradients(case, garbage, 
   mask[0, 0, 0] = mask[1, 2, 1] = mask[3, 0, 2] = False
   valid = np.broadcast_to(mask, x.shape)
   dirty, clean = x.copy(), x.copy()
+  garbage = np.where(np.arange((~valid).sum()) % 2, np.nan, -np.inf)  # NaN and inf both
   dirty[~valid], clean[~valid] = garbage, 0.0
   g, b = rng.normal(1, 0.3, 8).astype(np.float32), rng.normal(0, 0.3, 8).astype(np.float32)
   w = rng.normal(size=x.shape).astype(np.float32)
