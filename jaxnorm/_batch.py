@@ -361,8 +361,11 @@ def step(
     _LAYER.reset(token)
 
 
-def _step(train, x, scale, bias, running, cfg, epsilon, mask, use_running_average,
-          initializing, momentum, unbiased, counter):  # fmt: skip
+def _step(
+  train: Training, x: jax.Array, scale: Any, bias: Any, running: tuple[Any, Any], cfg: Config,
+  epsilon: Any, mask: Any, use_running_average: bool, initializing: bool, momentum: Any,
+  unbiased: bool, counter: Any,
+) -> tuple[jax.Array, tuple[jax.Array, ...] | None]:  # fmt: skip
   if running[0] is None and not initializing:  # no running statistics to use or update
     return train(x, scale, bias, None, cfg, epsilon, mask)[0], None
   if use_running_average:
