@@ -242,17 +242,18 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   dx, dscale, dbias, _, depsilon = tangents
   y, stats, r = _primal(x, scale, bias, mask, epsilon, cfg, differentiated=True)
   mean, var, count = stats
-  if mask is not None:
+  full_mask = None if mask is None else broadcast_mask(mask, x.shape)
+  if full_mask is not None:
     # Masked-out padding is often garbage: a NaN or inf there, times a zero cotangent, would
     # reach every valid gradient through the group sums. Finite padding keeps its terms.
-    x = jnp.where(broadcast_mask(mask, x.shape) | jnp.isfinite(x), x, 0)
+    x = jnp.where(full_mask | jnp.isfinite(x), x, 0)
   v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias)
   # Products with per-group or per-feature tangents run in at least float32: reverse mode
   # transposes their broadcasts into sums over x, which overflow float16 past 65,504 terms.
   acc = accumulation_dtype(cfg.dtype)
   xv, dxv, rv = v(x).astype(acc), v(dx), v(r)
   meanv, inv_n = v(mean), 1.0 / jnp.maximum(v(count), 1)
-  valid = None if mask is None else v(broadcast_mask(mask, x.shape))
+  valid = None if full_mask is None else v(full_mask)
 
   def total(z):
     if valid is not None:

@@ -199,20 +199,25 @@ def _norm_like(module: Any) -> bool:
   return bool(own) and any("norm" in n for n in names)
 
 
-def _unconvertible(name: str, module: Any) -> ValueError:
-  """The error for a norm-like module that cannot be converted, naming it."""
-  cls = type(module).__name__
+def _unconvertible(module: Any, prefix: str | None) -> ValueError:
+  """The error for a norm-like module that cannot be converted, naming it (by its name in
+  the model, ``prefix``, where it has one)."""
+  cls, label = type(module).__name__, "the module" if prefix is None else repr(prefix)
   lazy = [k for k, v in _own_entries(module).items() if type(v).__name__.startswith("Uninit")]
   if lazy:
     return ValueError(
-      f"{name!r} is an uninitialised lazy module ({cls}: {lazy} have no shape yet); run one "
+      f"{label} is an uninitialised lazy module ({cls}: {lazy} have no shape yet); run one "
       f"forward pass through the PyTorch model first, which gives them their shapes."
     )
+  skip = (
+    ""
+    if prefix is None
+    else f", or leave it out with skip=[{prefix!r}] (its entries then stay in rest)"
+  )
   return ValueError(
-    f"{name!r} is a {cls}, which has running statistics or a norm's parameters but is no "
+    f"{label} is a {cls}, which has running statistics or a norm's parameters but is no "
     f"norm jaxnorm converts (PyTorch's {list(KINDS)}, their subclasses, and "
-    f"{sorted(ALIASES)}); convert it by hand, or leave it out with skip=[{name!r}] (its "
-    f"entries then stay in rest)."
+    f"{sorted(ALIASES)}); convert it by hand{skip}."
   )
 
 
@@ -272,18 +277,20 @@ def _check_keys(kind, family, state_dict):
     raise ValueError(f"{kind}'s state_dict has 'bias' but no 'weight': pass the complete one.")
 
 
-def _from_module(module: Any, options: dict, name: str = "the module") -> tuple[str, dict]:
-  """The kind, ``state_dict`` and options of a PyTorch module object (duck-typed)."""
+def _from_module(module: Any, options: dict, prefix: str | None = None) -> tuple[str, dict]:
+  """The kind, ``state_dict`` and options of a PyTorch module object (duck-typed;
+  ``prefix``: its name in the model, for errors)."""
   kind = torch_kind(module)
   if kind is None:
     if _norm_like(module):
-      raise _unconvertible(name, module)
+      raise _unconvertible(module, prefix)
     raise ValueError(
-      f"{name} is a {type(module).__name__}, which is no norm jaxnorm converts (PyTorch's "
-      f"{list(KINDS)}, their subclasses, and {sorted(ALIASES)})."
+      f"{'the module' if prefix is None else repr(prefix)} is a {type(module).__name__}, "
+      f"which is no norm jaxnorm converts (PyTorch's {list(KINDS)}, their subclasses, and "
+      f"{sorted(ALIASES)})."
     )
   if any(type(v).__name__.startswith("Uninit") for v in _own_entries(module).values()):
-    raise _unconvertible(name, module)
+    raise _unconvertible(module, prefix)
   state_dict = dict(module.state_dict())
   for option, names in _ATTRIBUTES.items():
     for attr in (names,) if isinstance(names, str) else names:
@@ -397,9 +404,9 @@ def from_torch(
   return layer
 
 
-def _convert(kind, state_dict, options, channels_first, torch_training, name="the module"):
-  """:func:`from_torch`'s conversion, without its warning (``name``: the module's, for
-  errors)."""
+def _convert(kind, state_dict, options, channels_first, torch_training, prefix=None):
+  """:func:`from_torch`'s conversion, without its warning (``prefix``: the module's name
+  in the model, for errors)."""
   carried = None
   if not isinstance(kind, str):
     given = [k for k, v in options.items() if k != "dtype" and v != _DEFAULTS[k]]
@@ -410,7 +417,7 @@ def _convert(kind, state_dict, options, channels_first, torch_training, name="th
         f"them only with a class name: from_torch('BatchNorm2d', state_dict, eps=...)."
       )
     carried = _carried(kind)
-    kind, state_dict = _from_module(kind, options, name)
+    kind, state_dict = _from_module(kind, options, prefix)
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS} (PyTorch's class name), got {kind!r}.")
   if state_dict is None:
@@ -626,16 +633,17 @@ def norms_from_state_dict(
       if match is None:
         continue
       module = not isinstance(source, dict)
-      if module and torch_kind(source) is None:
-        if kind is None and not _norm_like(source):
-          continue  # a path-only rule matches a model's norms only
-        raise _unconvertible(prefix, source)
+      found = torch_kind(source) if module else kind
+      if module and found is None and _norm_like(source):
+        raise _unconvertible(source, prefix)
+      if module and found is None and kind is None:
+        continue  # a path-only rule matches a model's norms only
       if not module and kind is None:
         raise ValueError(f"rule {pattern!r} needs (kind, flax_path) for a state_dict.")
-      if module and kind is not None and torch_kind(source) != kind:
+      if kind is not None and found != kind:
         cls = type(source).__name__
-        found = cls if cls == torch_kind(source) else f"{cls} (a {torch_kind(source)})"
-        raise ValueError(f"{prefix!r} is a {found}, but rule {pattern!r} says {kind}.")
+        named = cls if found in (None, cls) else f"{cls} (a {found})"
+        raise ValueError(f"{prefix!r} is a {named}, but rule {pattern!r} says {kind}.")
       flax_path = match.expand(path) if isinstance(path, str) else path(prefix)
       if flax_path in origin:
         raise ValueError(
@@ -645,7 +653,7 @@ def norms_from_state_dict(
         )
       if module:
         given = {**_DEFAULTS, "dtype": None, **options}
-        layer = _convert(source, None, given, channels_first, torch_training, repr(prefix))
+        layer = _convert(source, None, given, channels_first, torch_training, prefix)
         leaves = list(source.state_dict())
       else:
         layer = from_torch(kind, source, channels_first=channels_first,

@@ -237,6 +237,8 @@ def test_a_norm_that_cannot_be_converted_is_an_error_unless_skipped():
   model = Sequential(children={"conv": Conv2d({"weight": np.ones((C, C, 1, 1))}), "norm": evo})
   with pytest.raises(ValueError, match=r"'norm' is a EvoNorm2dB0.*skip=\['norm'\]"):
     convert.norms_from_state_dict(model, {r"(.*)": r"\1"})
+  with pytest.raises(ValueError, match=r"'conv' is a Conv2d, but rule 'conv' says BatchNorm2d"):
+    convert.norms_from_state_dict(model, {"conv": ("BatchNorm2d", "bn")})  # (no norm at all)
   _, layers, rest = convert.norms_from_state_dict(model, {r"(.*)": r"\1"}, skip=["norm"])
   assert layers == {} and rest == ["conv.weight", "norm.weight", "norm.bias", "norm.running_var"]
   lazy = LazyBatchNorm2d({"weight": UninitializedParameter(), "bias": UninitializedParameter()})
