@@ -50,6 +50,7 @@ from jaxnorm._stats import (
   group_moments,
   group_sum,
   psum,
+  sharded_axes,
   shifts,
 )
 
@@ -145,9 +146,11 @@ class _View(NamedTuple):
     return jnp.reshape(a, tuple(math.prod(shape[i] for i in g) for g in self.groups))
 
 
-def _view(shape, axes, channel_groups, *operands):
+def _view(shape, axes, channel_groups, *operands, sharded=()):
   """The :class:`_View` of an array of ``shape`` reduced over ``axes`` (and ``channel_groups``),
-  given the small ``operands`` (parameters, mask; None allowed) that broadcast onto it."""
+  given the small ``operands`` (parameters, mask; None allowed) that broadcast onto it.
+  Axes in ``sharded`` (explicitly sharded ones, :func:`~jaxnorm._stats.sharded_axes`) stay
+  apart: a reshape cannot merge a sharded axis with another."""
   full = [tuple(jnp.shape(o)[i] != 1 for o in operands if o is not None) for i in range(len(shape))]
   channel = None if channel_groups is None else channel_groups[0]
   groups: list[tuple[int, ...]] = []
@@ -157,6 +160,7 @@ def _view(shape, axes, channel_groups, *operands):
       and (i in axes) == (groups[-1][-1] in axes)
       and full[i] == full[groups[-1][-1]]
       and channel not in (i, groups[-1][-1])
+      and not {i, groups[-1][-1]} & set(sharded)
     ):
       groups[-1] = groups[-1] + (i,)
     else:
@@ -173,7 +177,7 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   checked (the fastest forward on XLA:CPU), or two passes over short trailing rows;
   under differentiation shifted sums (no ``lax.cond``, whose untaken branch XLA counts as
   traffic): ``benchmarks/RESULTS.md``, items 4, 9 and 11. All are accurate for any offset."""
-  v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias)
+  v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias, sharded=sharded_axes(x))
   variance, shift = Variance.CHECKED, None
   rows = v.axes == (len(v.groups) - 1,) and cfg.channel_groups is None
   if not differentiated and rows and mask is None and cfg.axis_name is None:
@@ -247,7 +251,7 @@ def _affine_normalize_jvp(cfg, primals, tangents):
     # Masked-out padding is often garbage: a NaN or inf there, times a zero cotangent, would
     # reach every valid gradient through the group sums. Finite padding keeps its terms.
     x = jnp.where(full_mask | jnp.isfinite(x), x, 0)
-  v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias)
+  v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias, sharded=sharded_axes(x))
   # Products with per-group or per-feature tangents run in at least float32: reverse mode
   # transposes their broadcasts into sums over x, which overflow float16 past 65,504 terms.
   acc = accumulation_dtype(cfg.dtype)
@@ -406,7 +410,7 @@ def _shift_scale_jvp(primals, tangents):
   dx, dmean, ds, dbias = tangents
   y = _shift_scale(x, mean, s, bias)
   axes = tuple(i for i in range(x.ndim) if s.shape[i] == 1)
-  v = _view(x.shape, axes, None, s)
+  v = _view(x.shape, axes, None, s, sharded=sharded_axes(x))
   acc = accumulation_dtype(x.dtype)  # (half precision: see _affine_normalize_jvp)
   dy = (dx - dmean.astype(acc)) * s + ((v(x) - v(mean)) * v(ds).astype(acc)).reshape(x.shape)
   if bias is not None:

@@ -151,19 +151,33 @@ def _repeat_on_channels(k, split, axis):
   return jnp.broadcast_to(k, split).reshape(merged)  # (no -1: size-0 arrays cannot infer it)
 
 
+def sharded_axes(x: Any) -> tuple[int, ...]:
+  """The axes of ``x`` that its type says are sharded (explicit sharding); () when the
+  type does not say (a concrete array, automatic sharding, no mesh)."""
+  try:
+    spec = tuple(jax.typeof(x).sharding.spec)
+  except (AttributeError, TypeError):
+    return ()
+  return tuple(i for i, s in enumerate(spec) if s is not None)
+
+
+def with_sharding_of(a: jax.Array, like: jax.Array) -> jax.Array:
+  """``a`` resharded to ``like``'s explicit sharding where the two types differ (a select
+  takes operands of one sharding: a replicated running statistic beside a batch statistic
+  sharded over the features); ``a`` itself otherwise."""
+  want = jax.typeof(like).sharding
+  if not any(getattr(want, "spec", ())) or jax.typeof(a).sharding == want:
+    return a
+  return jax.sharding.reshard(a, want)
+
+
 def shifts(x, axes, groups=None):
   """Two elements of each group of ``x`` (its first and its last along every reduced axis
   and, with ``groups = (axis, G)``, its first and last channel, repeated on the group's
   channels), as small arrays broadcastable to ``x``; None when a reduced axis is sharded
   in ``x``'s type (explicit sharding cannot slice one element out of a sharded axis) or
   when ``x`` is empty (there is no element to shift by)."""
-  if x.size == 0:
-    return None
-  try:
-    spec = tuple(jax.typeof(x).sharding.spec)
-  except (AttributeError, TypeError):
-    spec = ()
-  if any(i < len(spec) and spec[i] is not None for i in axes):
+  if x.size == 0 or set(sharded_axes(x)) & set(axes):
     return None
   out = []
   for index in (0, -1):
@@ -555,6 +569,6 @@ def update_running_average(
     if jnp.iscomplexobj(b) and not jnp.iscomplexobj(ra):
       dtype = promote(dtype, b.dtype)
     new = decay * ra + (1.0 - decay) * b
-    return jnp.where(use, new, ra).astype(dtype)
+    return jnp.where(with_sharding_of(use, new), new, with_sharding_of(ra, new)).astype(dtype)
 
   return ema(running_mean, batch.mean), ema(running_var, batch.var)
