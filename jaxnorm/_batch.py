@@ -30,7 +30,13 @@ from jax import lax
 
 from jaxnorm._axes import Axes, batch_norm_axes, complement
 from jaxnorm._config import Config, configure, options
-from jaxnorm._kernel import affine_normalize, affine_params, apply_statistics, operand
+from jaxnorm._kernel import (
+  affine_normalize,
+  affine_params,
+  apply_statistics,
+  check_epsilon,
+  operand,
+)
 from jaxnorm._stats import (
   Moments,
   broadcast_mask,
@@ -158,10 +164,19 @@ def batch_config(
 
 
 def _infer(x, scale, bias, mean, var, cfg, epsilon):
-  """BatchNorm with given statistics: the one inference path of the family."""
-  gamma, beta = affine_params(scale, bias, x.shape, cfg)
-  mean, var = _given_statistics(x.shape, cfg, mean, var)
+  """BatchNorm with given statistics: the one inference path of the family, one compiled
+  program per shape (an eager call dispatched its dozen operations one by one: 1.4x
+  Flax's Linen call, 2.3x NNX's; ``benchmarks/RESULTS.md``, item 33)."""
+  return _compiled_infer(x, scale, bias, mean, var, check_epsilon(epsilon), cfg)
+
+
+def _infer_program(x, scale, bias, mean, var, epsilon, cfg):
+  gamma, beta = affine_params(scale, bias, jnp.shape(x), cfg)
+  mean, var = _given_statistics(jnp.shape(x), cfg, mean, var)
   return apply_statistics(x, gamma, beta, mean, var, cfg, epsilon=epsilon)
+
+
+_compiled_infer = jax.jit(_infer_program, static_argnums=(6,))
 
 
 def _same(stats: Moments) -> Moments:

@@ -1,0 +1,270 @@
+"""What jaxnorm costs where users scale, against Flax, in one process (issue 33).
+
+Three tables, each a jaxnorm/Flax ratio per case (interleaved runs, medians):
+
+- ``eager``: one un-jitted call of each Linen and NNX module (a notebook, a debugger), the
+  modules' training and inference calls;
+- ``compile``: lowering and compiling the inference and training programs of three small
+  models (a GroupNorm UNet block stack, a ResNet-style BatchNorm stack, a Pre-LN
+  Transformer), with the compiled program's fusions and conditionals;
+- ``collectives``: all-reduces, all-gathers and collective-permutes in the compiled forward
+  and forward+backward of each norm under GSPMD on 8 virtual CPU devices (plain ``jit``,
+  the batch sharded, and the features sharded for tensor-parallel LayerNorm/RMSNorm), in
+  automatic and explicit sharding.
+
+  python benchmarks/bench_scale.py [--only eager,compile,collectives] [--repeats 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jaxnorm  # noqa: E402
+import jaxnorm.nnx as jnnx  # noqa: E402
+
+SEQ, CNN = (8, 128, 256), (8, 16, 16, 64)
+
+
+def _median_pair(fa, fb, repeats):
+  """Medians of interleaved timings of two thunks (each run once first)."""
+  for f in (fa, fb):
+    jax.block_until_ready(f())
+  ta, tb = [], []
+  for i in range(repeats):
+    for f, t in ((fa, ta), (fb, tb)) if i % 2 == 0 else ((fb, tb), (fa, ta)):
+      start = time.perf_counter()
+      jax.block_until_ready(f())
+      t.append(time.perf_counter() - start)
+  return float(np.median(ta)), float(np.median(tb))
+
+
+# --- eager calls -------------------------------------------------------------------------
+
+LINEN = [  # (name, constructor per library, shape, call kwargs)
+  ("BatchNorm train", lambda m: m.BatchNorm(use_running_average=False), CNN),
+  ("BatchNorm eval", lambda m: m.BatchNorm(use_running_average=True), CNN),
+  ("LayerNorm", lambda m: m.LayerNorm(), SEQ),
+  ("RMSNorm", lambda m: m.RMSNorm(), SEQ),
+  ("GroupNorm", lambda m: m.GroupNorm(num_groups=16), CNN),
+  ("InstanceNorm", lambda m: m.InstanceNorm(), CNN),
+]
+NNX = [
+  ("BatchNorm train", lambda m: m.BatchNorm(64, rngs=nnx.Rngs(0)), CNN, "train"),
+  ("BatchNorm eval", lambda m: m.BatchNorm(64, rngs=nnx.Rngs(0)), CNN, "eval"),
+  ("LayerNorm", lambda m: m.LayerNorm(256, rngs=nnx.Rngs(0)), SEQ, None),
+  ("RMSNorm", lambda m: m.RMSNorm(256, rngs=nnx.Rngs(0)), SEQ, None),
+  ("GroupNorm", lambda m: m.GroupNorm(64, num_groups=16, rngs=nnx.Rngs(0)), CNN, None),
+  ("InstanceNorm", lambda m: m.InstanceNorm(64, rngs=nnx.Rngs(0)), CNN, None),
+]
+
+
+def eager(repeats):
+  rng = np.random.default_rng(0)
+  rows = []
+  for name, make, shape in LINEN:
+    x = jnp.asarray(rng.normal(size=shape).astype(np.float32))
+    calls = []
+    for lib in (jaxnorm, nn):
+      m = make(lib)
+      v = m.init(jax.random.key(0), x)
+      mutable = ["batch_stats"] if "train" in name else False
+      calls.append(lambda m=m, v=v, mutable=mutable: m.apply(v, x, mutable=mutable))
+    ours, flax = _median_pair(*calls, repeats)
+    rows.append(("linen", name, ours, flax))
+  for name, make, shape, mode in NNX:
+    x = jnp.asarray(rng.normal(size=shape).astype(np.float32))
+    calls = []
+    for lib in (jnnx, nnx):
+      m = make(lib)
+      if mode == "eval":
+        m.eval()
+      calls.append(lambda m=m: m(x))
+    ours, flax = _median_pair(*calls, repeats)
+    rows.append(("nnx", name, ours, flax))
+  print("\n## Eager (un-jitted) calls: median µs, jaxnorm / Flax\n")
+  print("| API | module | jaxnorm µs | Flax µs | ratio |\n|---|---|---|---|---|")
+  for api, name, a, b in rows:
+    print(f"| {api} | {name} | {a * 1e6:.0f} | {b * 1e6:.0f} | {a / b:.2f} |")
+
+
+# --- collectives under GSPMD -------------------------------------------------------------
+
+COLLECTIVES = ("all-reduce", "all-gather", "collective-permute", "all-to-all")
+SHARDED = [  # (name, constructor per library, shape, spec)
+  ("BatchNorm", lambda m: m.BatchNorm(use_running_average=False), CNN, P("data")),
+  ("LayerNorm", lambda m: m.LayerNorm(), SEQ, P("data")),
+  ("LayerNorm TP", lambda m: m.LayerNorm(), SEQ, P(None, None, "data")),
+  ("RMSNorm", lambda m: m.RMSNorm(), SEQ, P("data")),
+  ("RMSNorm TP", lambda m: m.RMSNorm(), SEQ, P(None, None, "data")),
+  ("GroupNorm", lambda m: m.GroupNorm(num_groups=16), CNN, P("data")),
+  ("InstanceNorm", lambda m: m.InstanceNorm(), CNN, P("data")),
+]
+
+
+def count_ops(hlo: str) -> dict[str, int]:
+  """Collectives and conditionals in a compiled program's text."""
+  ops = COLLECTIVES + ("conditional",)
+  return {op: len(re.findall(rf" {op}(?:-start)?\(", hlo)) for op in ops}
+
+
+def _fmt(c):
+  return "/".join(str(c[op]) for op in COLLECTIVES)
+
+
+def collectives():
+  print("\n## Collectives under GSPMD, 8 devices: all-reduce/all-gather/permute/all-to-all\n")
+  print("| mode | norm | layout | jaxnorm fwd | Flax fwd | jaxnorm fwd+bwd | Flax fwd+bwd |")
+  print("|---|---|---|---|---|---|---|")
+  for mode in (AxisType.Auto, AxisType.Explicit):
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(mode,))
+    for name, make, shape, spec in SHARDED:
+      x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+      cells = []
+      for lib in (jaxnorm, nn):
+        m = make(lib)
+        v = m.init(jax.random.key(0), x)
+        mutable = ["batch_stats"] if "batch_stats" in v else False
+
+        def fwd(v, x, m=m, mutable=mutable):
+          return m.apply(v, x, mutable=mutable)
+
+        def step(v, x, m=m, mutable=mutable):
+          def loss(p, x):
+            out = m.apply({**v, "params": p}, x, mutable=mutable)
+            return jnp.sum(jnp.sin(out[0] if mutable else out))
+
+          return jax.grad(loss, argnums=(0, 1))(v["params"], x)
+
+        with jax.set_mesh(mesh):
+          xs = jax.device_put(x, NamedSharding(mesh, spec))
+          cells.append([count_ops(jax.jit(f).lower(v, xs).compile().as_text()) for f in (fwd, step)])
+      (jf, js), (ff, fs) = cells
+      layout = ",".join(str(s) for s in spec)
+      print(
+        f"| {mode.name} | {name} | {layout} | {_fmt(jf)} | {_fmt(ff)} | {_fmt(js)} | {_fmt(fs)} |"
+      )
+
+
+# --- compile time of small models --------------------------------------------------------
+
+
+class UNetStack(nn.Module):
+  """Convolutions and GroupNorms at two resolutions, as in a diffusion UNet."""
+
+  lib: object
+  blocks: int = 10
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    for i in range(self.blocks):
+      x = nn.Conv(64, (3, 3))(x)
+      x = nn.silu(self.lib.GroupNorm(num_groups=16)(x))
+      if i == self.blocks // 2:
+        x = nn.avg_pool(x, (2, 2), (2, 2))
+    return x
+
+
+class ResNetStack(nn.Module):
+  """Convolution, BatchNorm, ReLU blocks with residuals, as in a ResNet stage."""
+
+  lib: object
+  blocks: int = 8
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    x = nn.Conv(64, (3, 3))(x)
+    for _ in range(self.blocks):
+      h = nn.relu(self.lib.BatchNorm(use_running_average=not train)(nn.Conv(64, (3, 3))(x)))
+      x = x + self.lib.BatchNorm(use_running_average=not train)(nn.Conv(64, (3, 3))(h))
+    return x
+
+
+class TransformerStack(nn.Module):
+  """Pre-LN Transformer blocks (attention and MLP) with LayerNorm."""
+
+  lib: object
+  blocks: int = 6
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    for _ in range(self.blocks):
+      x = x + nn.SelfAttention(num_heads=4)(self.lib.LayerNorm()(x))
+      x = x + nn.Dense(256)(nn.gelu(nn.Dense(1024)(self.lib.LayerNorm()(x))))
+    return self.lib.LayerNorm()(x)
+
+
+MODELS = [("UNet (GroupNorm)", UNetStack, CNN), ("ResNet (BatchNorm)", ResNetStack, CNN),
+          ("Transformer (LayerNorm)", TransformerStack, SEQ)]  # fmt: skip
+
+
+def _programs(model_cls, lib, shape):
+  x = jnp.asarray(np.random.default_rng(0).normal(size=shape).astype(np.float32))
+  model = model_cls(lib)
+  v = model.init(jax.random.key(0), x)
+
+  def infer(v, x):
+    return model.apply(v, x)
+
+  def train(v, x):
+    def loss(p):
+      out = model.apply({**v, "params": p}, x, train=True, mutable=["batch_stats"])
+      return jnp.mean(out[0] ** 2)
+
+    return jax.grad(loss)(v["params"])
+
+  return {"inference": (infer, v, x), "training": (train, v, x)}
+
+
+def compile_times(repeats):
+  print("\n## Compile time (lower + compile), median s, jaxnorm / Flax\n")
+  print("| model | program | jaxnorm s | Flax s | ratio | fusions (ours/Flax) | conditionals |")
+  print("|---|---|---|---|---|---|---|")
+  for name, cls, shape in MODELS:
+    ours, theirs = _programs(cls, jaxnorm, shape), _programs(cls, nn, shape)
+    for program in ("inference", "training"):
+      times: dict[str, list[float]] = {"ours": [], "flax": []}
+      texts = {}
+      for i in range(repeats):
+        for key, progs in (("ours", ours), ("flax", theirs))[:: 1 if i % 2 == 0 else -1]:
+          f, v, x = progs[program]
+          jax.clear_caches()  # what a new shape costs: trace, lower and compile
+          start = time.perf_counter()
+          compiled = jax.jit(f).lower(v, x).compile()
+          times[key].append(time.perf_counter() - start)
+          texts[key] = compiled.as_text()
+      a, b = np.median(times["ours"]), np.median(times["flax"])
+      fusions = [len(re.findall(r"\bfusion(\.\d+)? = ", texts[k])) for k in ("ours", "flax")]
+      cond = count_ops(texts["ours"])["conditional"]
+      print(f"| {name} | {program} | {a:.3f} | {b:.3f} | {a / b:.2f} | {fusions[0]}/{fusions[1]} | {cond} |")  # fmt: skip
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--only", default="eager,compile,collectives")
+  parser.add_argument("--repeats", type=int, default=30)
+  args = parser.parse_args(argv)
+  parts = set(args.only.split(","))
+  print(f"jax {jax.__version__}, flax {__import__('flax').__version__}, {jax.devices()[0].platform}")
+  if "eager" in parts:
+    eager(args.repeats)
+  if "compile" in parts:
+    compile_times(max(3, args.repeats // 6))
+  if "collectives" in parts:
+    collectives()
+
+
+if __name__ == "__main__":
+  main()
