@@ -173,19 +173,21 @@ def _view(shape, axes, channel_groups, *operands, sharded=()):
 
 
 def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
-  """The output, the statistics and ``r``. The variance: undifferentiated, ``Σx ∥ Σx²``
-  checked (the fastest forward on XLA:CPU), or two passes over short trailing rows;
-  under differentiation shifted sums (no ``lax.cond``, whose untaken branch XLA counts as
-  traffic): ``benchmarks/RESULTS.md``, items 4, 9 and 11. All are accurate for any offset."""
+  """The output, the statistics and ``r``. The variance: undifferentiated, two passes over
+  short trailing rows, sums shifted by one element of each group for channel groups, else
+  ``Σx ∥ Σx²`` checked (the fastest forward on XLA:CPU); under differentiation sums
+  shifted by two elements (no ``lax.cond``, whose untaken branch XLA counts as traffic):
+  ``benchmarks/RESULTS.md``, items 4, 9, 11 and 34. All are accurate for any offset."""
   v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias, sharded=sharded_axes(x))
   variance, shift = Variance.CHECKED, None
   rows = v.axes == (len(v.groups) - 1,) and cfg.channel_groups is None
   if not differentiated and rows and mask is None and cfg.axis_name is None:
     v = _View(tuple((i,) for i in range(x.ndim)), cfg.axes, None)
     variance = Variance.TWO_PASS
-  elif differentiated:
+  elif differentiated or cfg.channel_groups is not None:
     # Sliced from x itself, not from its view: XLA:CPU then reads them once (item 11).
-    variance, shift = Variance.SHIFTED, shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups)
+    variance = Variance.SHIFTED
+    shift = shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups, two=differentiated)
     shift = None if shift is None else tuple(map(v, shift))
   stats = group_moments(v(x), v(mask), v.config(cfg), variance, shift)
   x = x.astype(cfg.dtype)
