@@ -442,11 +442,20 @@ def moments(
   stats_dtype = reduction_dtype(x.dtype, dtype, force_float32_reductions)
   groups = freeze_groups(axis_index_groups)
   cfg = Config(axes, (), center, axis_name=axis_name, axis_index_groups=groups, dtype=stats_dtype)
-  x = x.astype(stats_dtype)
-  stats = group_moments(x, mask, cfg, Variance.SHIFTED, shifts(x, axes))
+  return _compiled_moments(x, mask, cfg, keepdims)
+
+
+def _moments(x, mask, cfg, keepdims):
+  x = x.astype(cfg.dtype)
+  stats = group_moments(x, mask, cfg, Variance.SHIFTED, shifts(x, cfg.axes))
   if keepdims:
     return stats
-  return Moments(*(jnp.squeeze(s, axes) for s in stats))
+  return Moments(*(jnp.squeeze(s, cfg.axes) for s in stats))
+
+
+# One compiled program per shape, as the kernel's: eagerly, each of its operations was
+# compiled and dispatched on its own.
+_compiled_moments = jax.jit(_moments, static_argnums=(2, 3))
 
 
 def concrete_value(value: Any) -> np.ndarray | None:
