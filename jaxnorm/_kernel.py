@@ -187,8 +187,9 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   elif differentiated or cfg.channel_groups is not None:
     # Sliced from x itself, not from its view: XLA:CPU then reads them once (item 11).
     variance = Variance.SHIFTED
-    shift = shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups, two=differentiated)
-    shift = None if shift is None else tuple(map(v, shift))
+    if cfg.channel_groups is not None:  # (without, the statistics slice their own shifts)
+      shift = shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups, two=differentiated)
+      shift = None if shift is None else tuple(map(v, shift))
   stats = group_moments(v(x), v(mask), v.config(cfg), variance, shift)
   x = x.astype(cfg.dtype)
   kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))

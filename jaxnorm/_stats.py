@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxnorm import _partitioned as partitioned
 from jaxnorm._axes import Axes, canonicalize_axes
 from jaxnorm._config import Config, freeze_groups
 from jaxnorm._dtypes import count_dtype, promote, real_dtype, reduction_dtype
@@ -159,6 +160,16 @@ def sharded_axes(x: Any) -> tuple[int, ...]:
   except (AttributeError, TypeError):
     return ()
   return tuple(i for i, s in enumerate(spec) if s is not None)
+
+
+def explicitly_typed(x: Any) -> bool:
+  """Whether ``x``'s type carries a mesh with an explicit axis (explicit sharding)."""
+  try:
+    mesh = getattr(jax.typeof(x).sharding, "mesh", None)
+  except (AttributeError, TypeError):
+    return False
+  types = getattr(mesh, "axis_types", ()) or ()
+  return any(t == jax.sharding.AxisType.Explicit for t in types)
 
 
 def with_sharding_of(a: jax.Array, like: jax.Array) -> jax.Array:
@@ -354,8 +365,10 @@ def group_moments(
   :func:`group_sum`), in ``cfg.dtype``, with the reduced dims kept.
 
   On one device without a mask the centred variance comes from ``variance``
-  (:class:`Variance`; ``SHIFTED`` takes the two elements ``shift`` from :func:`shifts`,
-  the two-pass formula when they are None); with a mask, for complex or empty inputs from
+  (:class:`Variance`; with channel groups ``SHIFTED`` takes the two elements ``shift``
+  from :func:`shifts`, the two-pass formula when they are None; without, the statistics
+  are one op that XLA partitions exactly where it shards a reduced axis,
+  :mod:`jaxnorm._partitioned`); with a mask, for complex or empty inputs from
   the two-pass formula (:func:`_two_pass`); across devices from each device's two-pass
   statistics combined in one collective (:func:`_combine_devices`). Counts, ``1/n`` and
   every sum are in at least float32; the variance comes back in the real dtype, the count
@@ -382,7 +395,14 @@ def group_moments(
     return Moments(mean.astype(out_dtype), var.astype(real_dtype(out_dtype)), count)
 
   if valid is None and cfg.center and cfg.axis_name is None:
-    if variance is Variance.CHECKED:
+    if groups is None and not jnp.iscomplexobj(x) and x.size:
+      method = _METHODS[variance]
+      if explicitly_typed(raw):  # (jax 0.9 leaves the op unpartitioned there: a crash)
+        both = method(raw, axes, x.dtype)
+      else:  # also exact, in one all-reduce, where XLA shards a reduced axis
+        both = partitioned.moments(raw, axes, method, x.dtype)
+      mean, var = both[0], both[1]
+    elif variance is Variance.CHECKED:
       mean, var = _checked_moments(raw, x.dtype, axes, inv_n, groups)
     else:
       mean, var = _shifted_moments(
@@ -393,6 +413,33 @@ def group_moments(
   if cfg.axis_name is None:
     return result(mean, m2 * inv_n, count)
   return result(*_combine_devices(count, mean, m2, cfg.axis_name, cfg.axis_index_groups))
+
+
+def _checked(raw, axes, dtype):
+  return _checked_moments(raw, dtype, axes, 1.0 / max(1, math.prod(raw.shape[a] for a in axes)))
+
+
+def _shifted(raw, axes, dtype):
+  x = raw.astype(dtype)
+  inv_n = 1.0 / max(1, math.prod(raw.shape[a] for a in axes))
+  return _shifted_moments(x, axes, inv_n, None, shifts(x, axes))
+
+
+def _two_pass_only(raw, axes, dtype):
+  x = raw.astype(dtype)
+  return _shifted_moments(x, axes, 1.0 / max(1, math.prod(raw.shape[a] for a in axes)), None, None)
+
+
+def _stacked(method):
+  return lambda raw, axes, dtype: jnp.stack(method(raw, axes, dtype))
+
+
+# One device's methods, as partitioned.moments runs them (stable objects: it caches by them).
+_METHODS = {
+  Variance.CHECKED: _stacked(_checked),
+  Variance.SHIFTED: _stacked(_shifted),
+  Variance.TWO_PASS: _stacked(_two_pass_only),
+}
 
 
 def moments(

@@ -1,7 +1,6 @@
 """What the norms cost under GSPMD (plain ``jit`` over sharded inputs, automatic sharding,
 8 virtual CPU devices): collectives in the compiled forward and forward+backward against
-Flax's in the same test, and conditionals in compiled inference programs. The known
-excesses (issue 33, open) are strict xfails: each flips to a failure when fixed."""
+Flax's in the same test, and conditionals in compiled inference programs."""
 
 import re
 
@@ -17,7 +16,6 @@ import jaxnorm
 
 SEQ, CNN = (8, 16, 32), (8, 4, 4, 16)
 COLLECTIVES = ("all-reduce", "all-gather", "collective-permute", "all-to-all")
-EXCESS = pytest.mark.xfail(strict=True, reason="more collectives than Flax (issue 33)")
 CASES = [  # (name, constructor per library, shape, layout)
   ("batch", lambda m: m.BatchNorm(use_running_average=False), CNN, P("data")),
   ("batch_eval", lambda m: m.BatchNorm(use_running_average=True), CNN, P("data")),
@@ -54,10 +52,7 @@ def _programs(module, x):
 
 @pytest.mark.parametrize(
   "name,make,shape,spec",
-  [
-    pytest.param(*c, id=c[0], marks=[EXCESS] * (c[0] in ("batch", "layer_tp", "instance")))
-    for c in CASES
-  ],
+  [pytest.param(*c, id=c[0]) for c in CASES],
 )
 def test_no_more_collectives_than_flax_under_gspmd(name, make, shape, spec):
   mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))

@@ -1,0 +1,118 @@
+"""One device's statistics, partitioned by XLA exactly: each shard's own, combined once.
+
+Under GSPMD (plain ``jit`` over sharded arrays) a reduced axis may be sharded. A shift
+sliced out of it is then broadcast from one device, and a conditioning check is an
+all-reduce of its own: BatchNorm cost 2 all-reduces forward and 4 plus a
+collective-permute forward+backward where Flax's costs 1 and 2. Here the statistics are a
+``custom_partitioning`` op: on one device (or with no reduced axis sharded) it is the
+unsharded computation, unchanged; with reduced axes sharded, every shard computes its
+mean and variance with the same method over its own elements (its shift, its check,
+local), and one ``psum`` of per-shard slots combines them with Chan, Golub & LeVeque's
+formula — one all-reduce, exact (``benchmarks/RESULTS.md``, item 36). ``custom_vmap`` and
+``custom_jvp`` give it the batching and differentiation rules the op lacks.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+
+def moments(raw: jax.Array, axes: tuple[int, ...], method: Any, dtype: Any) -> jax.Array:
+  """``stack([mean, var])`` of ``raw`` over ``axes`` (kept dims), in ``dtype``, by
+  ``method(raw, axes, dtype)``, partitioned exactly over sharded reduced axes."""
+  return _op(axes, method, jnp.dtype(dtype).name, raw.ndim)(raw)
+
+
+def _spec(sharding: Any, ndim: int) -> tuple[Any, ...]:
+  spec = tuple(getattr(sharding, "spec", ()) or ())
+  return spec + (None,) * (ndim - len(spec))
+
+
+def _names(entry: Any) -> tuple[str, ...]:
+  """The mesh axes of one partition-spec entry."""
+  if entry is None:
+    return ()
+  return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+@functools.cache
+def _op(axes: tuple[int, ...], method: Any, dtype: str, ndim: int) -> Any:
+  def compute(raw):
+    return method(raw, axes, jnp.dtype(dtype))
+
+  def shardings(mesh, shape, sharding):
+    """The input's sharding (reduced axes that do not split evenly replicated) and the
+    output's (the kept axes' sharding, the reduced ones replicated)."""
+    spec = list(_spec(sharding, ndim))
+    for a in axes:
+      size = math.prod(mesh.shape[n] for n in _names(spec[a]))
+      if shape[a] % size:
+        spec[a] = None
+    out = [None] + [None if a in axes else spec[a] for a in range(ndim)]
+    return NamedSharding(mesh, P(*spec)), NamedSharding(mesh, P(*out))
+
+  def partition(mesh, arg_shapes, result_shape):
+    arg = arg_shapes[0]
+    in_sharding, out_sharding = shardings(mesh, arg.shape, arg.sharding)
+    spec = _spec(in_sharding, ndim)
+    names = tuple(n for a in axes for n in _names(spec[a]))
+
+    def lower(raw):
+      stats = compute(raw)
+      if not names:
+        return stats
+      # Equal shards: the mean of the means, the mean variance plus the means' spread.
+      count = lax.psum(1, names)
+      slots = jnp.zeros((count,) + stats.shape, stats.dtype)
+      every = lax.psum(slots.at[lax.axis_index(names)].set(stats), names)
+      means, variances = every[:, 0], every[:, 1]
+      mean = jnp.mean(means, 0, keepdims=True)
+      var = jnp.mean(variances, 0) + jnp.mean(jnp.square(means - mean), 0)
+      return jnp.stack([mean[0], var])
+
+    return mesh, lower, out_sharding, (in_sharding,)
+
+  def infer(mesh, arg_shapes, result_shape):
+    return shardings(mesh, arg_shapes[0].shape, arg_shapes[0].sharding)[1]
+
+  op = custom_partitioning(compute)
+  factors = [f"d{a}" for a in range(ndim)]
+  result = ["s"] + [f"k{a}" if a in axes else f"d{a}" for a in range(ndim)]
+  op.def_partition(
+    partition=partition,
+    infer_sharding_from_operands=infer,
+    sharding_rule=f"{' '.join(factors)} -> {' '.join(result)}",
+  )
+
+  @jax.custom_batching.custom_vmap
+  def batched(raw):
+    return op(raw)
+
+  @batched.def_vmap
+  def _batched_rule(axis_size, in_batched, raw):
+    del axis_size, in_batched
+    return jax.vmap(compute)(raw), True
+
+  @jax.custom_jvp
+  def stats(raw):
+    return batched(raw)
+
+  @stats.defjvp
+  def _stats_jvp(primals, tangents):
+    (raw,), (draw,) = primals, tangents
+    out = stats(raw)
+    x, dx = raw.astype(dtype), draw.astype(dtype)
+    dmean = jnp.mean(dx, axes, keepdims=True)
+    dvar = 2.0 * jnp.mean((x - out[0]) * (dx - dmean), axes, keepdims=True)
+    return out, jnp.stack([dmean, dvar])
+
+  return stats
