@@ -174,17 +174,20 @@ def _view(shape, axes, channel_groups, *operands, sharded=()):
 
 def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   """The output, the statistics and ``r``. The variance: undifferentiated, two passes over
-  short trailing rows, sums shifted by one element of each group for channel groups, else
-  ``Σx ∥ Σx²`` checked (the fastest forward on XLA:CPU); under differentiation sums
-  shifted by two elements (no ``lax.cond``, whose untaken branch XLA counts as traffic):
-  ``benchmarks/RESULTS.md``, items 4, 9, 11 and 34. All are accurate for any offset."""
+  short trailing rows, corrected two passes for channel groups, else ``Σx ∥ Σx²``
+  checked (the fastest forward on XLA:CPU); under differentiation sums shifted by two
+  elements (no ``lax.cond``, whose untaken branch XLA counts as traffic):
+  ``benchmarks/RESULTS.md``, items 4, 9, 11, 34 and 37. All are accurate for any offset."""
   v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias, sharded=sharded_axes(x))
   variance, shift = Variance.CHECKED, None
   rows = v.axes == (len(v.groups) - 1,) and cfg.channel_groups is None
-  if not differentiated and rows and mask is None and cfg.axis_name is None:
+  fused_rows = not differentiated and rows and mask is None and cfg.axis_name is None
+  if fused_rows:
     v = _View(tuple((i,) for i in range(x.ndim)), cfg.axes, None)
     variance = Variance.TWO_PASS
-  elif differentiated or cfg.channel_groups is not None:
+  elif not differentiated and cfg.channel_groups is not None:
+    variance = Variance.TWO_PASS  # (the groups' corrected two passes: item 37)
+  elif differentiated:
     # Sliced from x itself, not from its view: XLA:CPU then reads them once (item 11).
     variance = Variance.SHIFTED
     if cfg.channel_groups is not None:  # (without, the statistics slice their own shifts)
@@ -194,7 +197,7 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   x = x.astype(cfg.dtype)
   kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))
   stats = Moments(*(s.reshape(kept) for s in stats))
-  var = _overflowed_to_nan(stats.var, variance is Variance.TWO_PASS)
+  var = _overflowed_to_nan(stats.var, fused_rows)
   r = inverse_std(var, epsilon, cfg.epsilon_in_root)
   if mask is not None:
     r = jnp.where(stats.count > 0, r, 0)  # a group with no valid element: x̂ = 0, no NaN

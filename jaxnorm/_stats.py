@@ -285,6 +285,15 @@ def _shifted_moments(x, axes, inv_n, groups, shifts):
   return a + d1, jnp.maximum(s2 - d2 * d2, 0)
 
 
+def _corrected_two_pass(x, axes, inv_n, groups):
+  """The mean, then ``d = x − mean``, ``Σd`` and ``Σd²`` in one more pass: ``mean + Σd/n``
+  and ``Σd²/n − (Σd/n)²`` (Chan, Golub & LeVeque's correction of the rounded mean)."""
+  mean = group_sum(x, axes, groups) * inv_n
+  d = x - mean
+  shift = group_sum(d, axes, groups) * inv_n
+  return mean + shift, jnp.maximum(group_sum(d * d, axes, groups) * inv_n - shift * shift, 0)
+
+
 def _gather(value, axis_name, axis_index_groups):
   """``value`` of every member of ``axis_name`` (or of this member's group), stacked on a
   new leading axis, as one ungrouped ``psum`` (so also under ``vmap`` and ``shard_map``,
@@ -404,6 +413,8 @@ def group_moments(
       mean, var = both[0], both[1]
     elif variance is Variance.CHECKED:
       mean, var = _checked_moments(raw, x.dtype, axes, inv_n, groups)
+    elif variance is Variance.TWO_PASS and groups is not None and not jnp.iscomplexobj(x):
+      mean, var = _corrected_two_pass(x, axes, inv_n, groups)
     else:
       mean, var = _shifted_moments(
         x, axes, inv_n, groups, shift if variance is Variance.SHIFTED else None
