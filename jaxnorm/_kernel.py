@@ -191,7 +191,7 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
     # Sliced from x itself, not from its view: XLA:CPU then reads them once (item 11).
     variance = Variance.SHIFTED
     if cfg.channel_groups is not None:  # (without, the statistics slice their own shifts)
-      shift = shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups, two=differentiated)
+      shift = shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups)
       shift = None if shift is None else tuple(map(v, shift))
   stats = group_moments(v(x), v(mask), v.config(cfg), variance, shift)
   x = x.astype(cfg.dtype)

@@ -182,12 +182,12 @@ def with_sharding_of(a: jax.Array, like: jax.Array) -> jax.Array:
   return jax.sharding.reshard(a, want)
 
 
-def shifts(x, axes, groups=None, two=True):
+def shifts(x, axes, groups=None):
   """Two elements of each group of ``x`` (its first and its last along every reduced axis
   and, with ``groups = (axis, G)``, its first and last channel, repeated on the group's
-  channels), as small arrays broadcastable to ``x`` (``two=False``: the first one twice);
-  None when a reduced axis is sharded in ``x``'s type (explicit sharding cannot slice one
-  element out of a sharded axis) or when ``x`` is empty (there is no element to shift by)."""
+  channels), as small arrays broadcastable to ``x``; None when a reduced axis is sharded
+  in ``x``'s type (explicit sharding cannot slice one element out of a sharded axis) or
+  when ``x`` is empty (there is no element to shift by)."""
   if x.size == 0 or set(sharded_axes(x)) & set(axes):
     return None
   out = []
@@ -202,8 +202,6 @@ def shifts(x, axes, groups=None, two=True):
       k = lax.slice_in_dim(k.reshape(split), i, i + 1, axis=axis + 1)
       k = _repeat_on_channels(k, split, axis)
     out.append(k)
-    if not two:
-      return (k, k)
   return tuple(out)
 
 
@@ -271,8 +269,7 @@ def _shifted_moments(x, axes, inv_n, groups, shifts):
   ``(mean − b)²/var ≤ n`` (an element lies within ``sqrt(n)`` standard deviations of the
   mean), typically ~1, instead of ``mean²/var`` for ``E[x²] − E[x]²`` (Flax's fast
   variance), which is unbounded. Two different shifts keep the two sums separate
-  expressions, each fused into its own read of ``x`` (``benchmarks/RESULTS.md``, item 11);
-  ``a = b`` (one slice) fuses into fewer programs where that is faster (item 34).
+  expressions, each fused into its own read of ``x`` (``benchmarks/RESULTS.md``, item 11).
   With ``shifts=None`` it is the exact two-pass formula (complex ``E|x − μ|²`` included).
   """
   if shifts is None:  # a sharded reduced axis, an empty or complex input: two passes
