@@ -423,31 +423,23 @@ def group_moments(
   return result(*_combine_devices(count, mean, m2, cfg.axis_name, cfg.axis_index_groups))
 
 
-def _checked(raw, axes, dtype):
-  return _checked_moments(raw, dtype, axes, 1.0 / max(1, math.prod(raw.shape[a] for a in axes)))
+def _one_device(variance):
+  """``stack([mean, var])`` of ``raw`` over ``axes`` by ``variance``, as
+  ``partitioned.moments`` runs it on one device or one shard."""
+
+  def method(raw, axes, dtype):
+    inv_n = 1.0 / max(1, math.prod(raw.shape[a] for a in axes))
+    if variance is Variance.CHECKED:
+      return jnp.stack(_checked_moments(raw, dtype, axes, inv_n))
+    x = raw.astype(dtype)
+    shift = shifts(x, axes) if variance is Variance.SHIFTED else None
+    return jnp.stack(_shifted_moments(x, axes, inv_n, None, shift))
+
+  return method
 
 
-def _shifted(raw, axes, dtype):
-  x = raw.astype(dtype)
-  inv_n = 1.0 / max(1, math.prod(raw.shape[a] for a in axes))
-  return _shifted_moments(x, axes, inv_n, None, shifts(x, axes))
-
-
-def _two_pass_only(raw, axes, dtype):
-  x = raw.astype(dtype)
-  return _shifted_moments(x, axes, 1.0 / max(1, math.prod(raw.shape[a] for a in axes)), None, None)
-
-
-def _stacked(method):
-  return lambda raw, axes, dtype: jnp.stack(method(raw, axes, dtype))
-
-
-# One device's methods, as partitioned.moments runs them (stable objects: it caches by them).
-_METHODS = {
-  Variance.CHECKED: _stacked(_checked),
-  Variance.SHIFTED: _stacked(_shifted),
-  Variance.TWO_PASS: _stacked(_two_pass_only),
-}
+# Made once: partitioned.moments caches its op by the method object.
+_METHODS = {variance: _one_device(variance) for variance in Variance}
 
 
 def moments(
