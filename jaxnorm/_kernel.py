@@ -51,6 +51,7 @@ from jaxnorm._stats import (
   group_sum,
   psum,
   sharded_axes,
+  sharded_like,
   shifts,
 )
 
@@ -276,7 +277,11 @@ def _affine_normalize_jvp(cfg, primals, tangents):
     std = jnp.sqrt(v(var))
     c = jnp.where(std > 0, -1.0 / jnp.where(std > 0, std, 1.0), 0.0)
   gamma = 1.0 if scale is None else scale
-  gammav = 1.0 if scale is None else v(scale)
+  gammav: Any = 1.0 if scale is None else v(scale)
+  if scale is not None and sharded_axes(x):
+    # (γ·p and γ·(rμ̇ + μp) below have no sharded operand: replicated, their transposes
+    # gathered x)
+    gammav = sharded_like(gammav, xv)
   # With a mask or across devices the derivative sums ``(x − μ)·ẋ`` (exact); otherwise
   # ``x·ẋ − μ·Σẋ``, plain sums XLA streams (~eps·|μ|/σ·sqrt(n) relative error: item 6).
   centred = mask is not None or cfg.axis_name is not None

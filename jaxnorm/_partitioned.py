@@ -8,8 +8,10 @@ collective-permute forward+backward where Flax's costs 1 and 2. Here the statist
 unsharded computation, unchanged; with reduced axes sharded, every shard computes its
 mean and variance with the same method over its own elements (its shift, its check,
 local), and one ``psum`` of per-shard slots combines them with Chan, Golub & LeVeque's
-formula — one all-reduce, exact (``benchmarks/RESULTS.md``, item 36). ``custom_vmap`` and
-``custom_jvp`` give it the batching and differentiation rules the op lacks.
+formula — one all-reduce, exact (``benchmarks/RESULTS.md``, item 36). Under explicit
+sharding, where jax leaves such an op unpartitioned, the same per-shard computation and
+combine run in a ``shard_map`` over the sharding x's type names (item 38). ``custom_vmap``
+and ``custom_jvp`` give it the batching and differentiation rules the op lacks.
 """
 
 from __future__ import annotations
@@ -66,20 +68,7 @@ def _op(axes: tuple[int, ...], method: Any, dtype: str, ndim: int) -> Any:
     spec = _spec(in_sharding, ndim)
     names = tuple(n for a in axes for n in _names(spec[a]))
 
-    def lower(raw):
-      stats = compute(raw)
-      if not names:
-        return stats
-      # Equal shards: the mean of the means, the mean variance plus the means' spread.
-      count = lax.psum(1, names)
-      slots = jnp.zeros((count,) + stats.shape, stats.dtype)
-      every = lax.psum(slots.at[lax.axis_index(names)].set(stats), names)
-      means, variances = every[:, 0], every[:, 1]
-      mean = jnp.mean(means, 0, keepdims=True)
-      var = jnp.mean(variances, 0) + jnp.mean(jnp.square(means - mean), 0)
-      return jnp.stack([mean[0], var])
-
-    return mesh, lower, out_sharding, (in_sharding,)
+    return mesh, functools.partial(_combined, compute, names), out_sharding, (in_sharding,)
 
   def infer(mesh, arg_shapes, result_shape):
     return shardings(mesh, arg_shapes[0].shape, arg_shapes[0].sharding)[1]
@@ -95,6 +84,8 @@ def _op(axes: tuple[int, ...], method: Any, dtype: str, ndim: int) -> Any:
 
   @jax.custom_batching.custom_vmap
   def batched(raw):
+    if _explicit_mesh(raw) is not None:
+      return _explicit(compute, axes, raw)
     return op(raw)
 
   @batched.def_vmap
@@ -116,3 +107,59 @@ def _op(axes: tuple[int, ...], method: Any, dtype: str, ndim: int) -> Any:
     return out, jnp.stack([dmean, dvar])
 
   return stats
+
+
+# Up to this many shards, one psum of every shard's slot (shards × 2 × the statistics:
+# PyTorch's SyncBatchNorm gathers as much); beyond, two psums of the statistics' size.
+_SLOTS_UP_TO = 16
+
+
+def _combined(compute, names, raw):
+  """This shard's statistics, combined over the mesh axes ``names`` that split its reduced
+  axes. Equal shards: the mean of the means, and the mean variance plus the means' spread
+  around it (Chan, Golub & LeVeque), from one ``psum`` of per-shard slots, or beyond
+  ``_SLOTS_UP_TO`` shards from a ``psum`` of the means and one of the spread."""
+  stats = compute(raw)
+  if not names:
+    return stats
+  count = lax.psum(1, names)
+  if count > _SLOTS_UP_TO:
+    mean = lax.psum(stats[0], names) / count
+    var = lax.psum(stats[1] + jnp.square(stats[0] - mean), names) / count
+    return jnp.stack([mean, var])
+  slots = jnp.zeros((count,) + stats.shape, stats.dtype)
+  every = lax.psum(slots.at[lax.axis_index(names)].set(stats), names)
+  means, variances = every[:, 0], every[:, 1]
+  mean = jnp.mean(means, 0, keepdims=True)
+  var = jnp.mean(variances, 0) + jnp.mean(jnp.square(means - mean), 0)
+  return jnp.stack([mean[0], var])
+
+
+def _explicit_mesh(raw: Any) -> Any:
+  """The mesh of ``raw``'s type when it is explicitly sharded over some axis (every axis
+  splitting evenly), else None."""
+  try:
+    sharding = jax.typeof(raw).sharding
+  except (AttributeError, TypeError):
+    return None
+  mesh: Any = getattr(sharding, "mesh", None)
+  types = getattr(mesh, "axis_types", ()) or ()
+  if not any(t == jax.sharding.AxisType.Explicit for t in types):
+    return None
+  spec = _spec(sharding, raw.ndim)
+  sizes = [math.prod(mesh.shape[n] for n in _names(e)) for e in spec]
+  uneven = any(d % size for d, size in zip(raw.shape, sizes, strict=True))
+  return None if uneven or all(size == 1 for size in sizes) else mesh
+
+
+def _explicit(compute: Any, axes: tuple[int, ...], raw: jax.Array) -> jax.Array:
+  """The partitioned op's computation where x's type names its sharding (explicit
+  sharding, where jax leaves a ``custom_partitioning`` op unpartitioned): a ``shard_map``
+  over that sharding, every shard's own statistics (its checks local) combined as
+  :func:`_combined` does."""
+  mesh = _explicit_mesh(raw)
+  spec = _spec(jax.typeof(raw).sharding, raw.ndim)
+  names = tuple(n for a in axes for n in _names(spec[a]))
+  out = P(None, *(None if a in axes else spec[a] for a in range(raw.ndim)))
+  body = functools.partial(_combined, compute, names)
+  return jax.shard_map(body, mesh=mesh, in_specs=P(*spec), out_specs=out)(raw)

@@ -162,16 +162,6 @@ def sharded_axes(x: Any) -> tuple[int, ...]:
   return tuple(i for i, s in enumerate(spec) if s is not None)
 
 
-def explicitly_typed(x: Any) -> bool:
-  """Whether ``x``'s type carries a mesh with an explicit axis (explicit sharding)."""
-  try:
-    mesh = getattr(jax.typeof(x).sharding, "mesh", None)
-  except (AttributeError, TypeError):
-    return False
-  types = getattr(mesh, "axis_types", ()) or ()
-  return any(t == jax.sharding.AxisType.Explicit for t in types)
-
-
 def with_sharding_of(a: jax.Array, like: jax.Array) -> jax.Array:
   """``a`` resharded to ``like``'s explicit sharding where the two types differ (a select
   takes operands of one sharding: a replicated running statistic beside a batch statistic
@@ -180,6 +170,18 @@ def with_sharding_of(a: jax.Array, like: jax.Array) -> jax.Array:
   if not any(getattr(want, "spec", ())) or jax.typeof(a).sharding == want:
     return a
   return jax.sharding.reshard(a, want)
+
+
+def sharded_like(small: jax.Array, x: jax.Array) -> jax.Array:
+  """``small`` (of ``x``'s rank, dims 1 or full, e.g. a per-feature scale) resharded as
+  ``x`` along its full dims, when ``x``'s type shards one of them (explicit sharding):
+  its products with per-row factors are then sharded as ``x`` is, where a replicated
+  full-size product would be gathered in the transposed derivative."""
+  spec = tuple(jax.typeof(x).sharding.spec) + (None,) * x.ndim
+  want = [spec[i] if d != 1 else None for i, d in enumerate(jnp.shape(small))]
+  if not any(want):
+    return small
+  return jax.sharding.reshard(small, jax.sharding.PartitionSpec(*want))
 
 
 def shifts(x, axes, groups=None):
@@ -402,11 +404,8 @@ def group_moments(
 
   if valid is None and cfg.center and cfg.axis_name is None:
     if groups is None and not jnp.iscomplexobj(x) and x.size:
-      method = _METHODS[variance]
-      if explicitly_typed(raw):  # (jax 0.9 leaves the op unpartitioned there: a crash)
-        both = method(raw, axes, x.dtype)
-      else:  # also exact, in one all-reduce, where XLA shards a reduced axis
-        both = partitioned.moments(raw, axes, method, x.dtype)
+      # Exact, in one all-reduce, where a reduced axis is sharded (also explicitly).
+      both = partitioned.moments(raw, axes, _METHODS[variance], x.dtype)
       mean, var = both[0], both[1]
     elif variance is Variance.CHECKED:
       mean, var = _checked_moments(raw, x.dtype, axes, inv_n, groups)

@@ -326,9 +326,13 @@ def test_one_collective_per_direction(mesh):
 
 
 @pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
-def test_gspmd_statistics_stay_exact_far_off_centre(rng, axis_type):
+@pytest.mark.parametrize("slots", [True, False], ids=["slots", "two_psums"])
+def test_gspmd_statistics_stay_exact_far_off_centre(rng, axis_type, slots, monkeypatch):
   """The batch sharded under plain jit, data at 1e4 ± 1: each device's statistics around
-  its own shift, combined once (E[x²] − E[x]² would be off by order 1 here)."""
+  its own shift, combined once (E[x²] − E[x]² would be off by order 1 here); the combine
+  of many shards (two psums) as well, with fewer shards taken for many."""
+  if not slots:
+    monkeypatch.setattr(jaxnorm._partitioned, "_SLOTS_UP_TO", 2)
   mesh = jax.make_mesh((N_DEV,), ("d",), axis_types=(getattr(jax.sharding.AxisType, axis_type),))
   x = rng.normal(1e4, 1.0, (N_DEV * 8, 6)).astype(np.float32)
   bn = jaxnorm.BatchNorm(use_running_average=False, momentum=0.0)
@@ -341,3 +345,6 @@ def test_gspmd_statistics_stay_exact_far_off_centre(rng, axis_type):
   np.testing.assert_allclose(np.asarray(y), expected_y, atol=3e-3)
   np.testing.assert_allclose(upd["batch_stats"]["var"], var, rtol=1e-3)
   np.testing.assert_allclose(upd["batch_stats"]["mean"], mean, rtol=1e-6)
+  with jax.set_mesh(mesh):
+    hlo = jax.jit(lambda x: jaxnorm.moments(x, 0)).lower(xs).compile().as_text()
+  assert len(re.findall(r" all-reduce(?:-start)?\(", hlo)) == (1 if slots else 2)
