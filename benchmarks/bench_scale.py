@@ -159,6 +159,65 @@ def collectives():
       )
 
 
+# --- reads of x: XLA's bytes accessed per norm ---------------------------------------------
+
+READS = [  # (name, constructor per library, shape)
+  ("BatchNorm train", lambda m: m.BatchNorm(use_running_average=False), CNN),
+  ("BatchNorm eval", lambda m: m.BatchNorm(use_running_average=True), CNN),
+  ("LayerNorm", lambda m: m.LayerNorm(), SEQ),
+  ("LayerNorm (H,W,C)", lambda m: m.LayerNorm(reduction_axes=(1, 2, 3)), CNN),
+  ("RMSNorm", lambda m: m.RMSNorm(), SEQ),
+  ("GroupNorm", lambda m: m.GroupNorm(num_groups=16), CNN),
+  ("InstanceNorm", lambda m: m.InstanceNorm(), CNN),
+]
+
+
+def _one_device_programs(make, lib, x):
+  m = make(lib)
+  v = m.init(jax.random.key(0), x)
+  mutable = ["batch_stats"] if "batch_stats" in v else False
+
+  def fwd(v, x):
+    return m.apply(v, x, mutable=mutable)
+
+  def step(v, x):
+    def loss(p, x):
+      out = m.apply({**v, "params": p}, x, mutable=mutable)
+      return jnp.sum(jnp.sin(out[0] if mutable else out))
+
+    return jax.grad(loss, argnums=(0, 1))(v["params"], x)
+
+  return [jax.jit(f).lower(v, x).compile() for f in (fwd, step)]
+
+
+def reads():
+  print("\n## Reads of x: XLA:CPU's bytes accessed / |x|, one device, jaxnorm / Flax\n")
+  print("| dtype | norm | fwd bytes | fwd fusions | fwd conditionals | fwd+bwd bytes |")
+  print("|---|---|---|---|---|---|")
+  for dtype in (jnp.float32, jnp.bfloat16):
+    for name, make, shape in READS:
+      x = jnp.asarray(np.random.default_rng(0).normal(size=shape), dtype)
+      cells = []
+      for lib in (jaxnorm, nn):
+        progs = _one_device_programs(make, lib, x)
+        cost = [p.cost_analysis() for p in progs]
+        cost = [c[0] if isinstance(c, list) else c for c in cost]
+        texts = [p.as_text() for p in progs]
+        cells.append(
+          (
+            cost[0]["bytes accessed"] / x.nbytes,
+            len(re.findall(r"\sfusion\(", texts[0])),
+            count_ops(texts[0])["conditional"],
+            cost[1]["bytes accessed"] / x.nbytes,
+          )
+        )
+      (a, b) = cells
+      print(
+        f"| {jnp.dtype(dtype).name} | {name} | {a[0]:.2f} / {b[0]:.2f} | {a[1]} / {b[1]} "
+        f"| {a[2]} / {b[2]} | {a[3]:.2f} / {b[3]:.2f} |"
+      )
+
+
 # --- compile time of small models --------------------------------------------------------
 
 
@@ -255,7 +314,7 @@ def compile_times(repeats):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--only", default="eager,compile,collectives")
+  parser.add_argument("--only", default="eager,compile,collectives,reads")
   parser.add_argument("--repeats", type=int, default=30)
   args = parser.parse_args(argv)
   parts = set(args.only.split(","))
@@ -267,6 +326,8 @@ def main(argv=None):
     compile_times(max(3, args.repeats // 6))
   if "collectives" in parts:
     collectives()
+  if "reads" in parts:
+    reads()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ statistics are weighted by each device's valid count.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -428,11 +429,22 @@ def _one_device(variance):
 
   def method(raw, axes, dtype):
     inv_n = 1.0 / max(1, math.prod(raw.shape[a] for a in axes))
+
+    def uniform(raw, variance=variance):
+      x = raw.astype(dtype)
+      shift = shifts(x, axes) if variance is Variance.SHIFTED else None
+      return jnp.stack(_shifted_moments(x, axes, inv_n, None, shift))
+
     if variance is Variance.CHECKED:
-      return jnp.stack(_checked_moments(raw, dtype, axes, inv_n))
-    x = raw.astype(dtype)
-    shift = shifts(x, axes) if variance is Variance.SHIFTED else None
-    return jnp.stack(_shifted_moments(x, axes, inv_n, None, shift))
+      # The fastest forward on XLA:CPU (every form without lax.cond took 1.2-2.2x Flax's
+      # time there); elsewhere the shifted sums: no conditional, whose predicate an
+      # accelerator reads back and whose untaken branch XLA counts (item 38).
+      return lax.platform_dependent(
+        raw,
+        cpu=lambda raw: jnp.stack(_checked_moments(raw, dtype, axes, inv_n)),
+        default=functools.partial(uniform, variance=Variance.SHIFTED),
+      )
+    return uniform(raw)
 
   return method
 

@@ -100,3 +100,29 @@ def test_inference_programs_have_no_conditional(make):
   variables = module.init(jax.random.key(0), x)
   hlo = jax.jit(module.apply).lower(variables, x).compile().as_text()
   assert _ops(hlo, ("conditional",)) == {"conditional": 0}
+
+
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda: jaxnorm.InstanceNorm(),
+    lambda: jaxnorm.BatchNorm(use_running_average=False),
+    lambda: jaxnorm.LayerNorm(reduction_axes=(1, 2, 3)),
+  ],
+  ids=["instance", "batch_train", "layer_hwc"],
+)
+def test_accelerator_programs_have_no_conditional(make):
+  """Lowered for GPUs and TPUs (no device needed), the forward takes the shifted sums, no
+  ``lax.cond``; XLA:CPU keeps its checked sums' conditional (the fastest forward there),
+  which shows that the count below sees a conditional where there is one."""
+  x = jnp.asarray(np.random.default_rng(0).normal(size=CNN).astype(np.float32))
+  module = make()
+  variables = module.init(jax.random.key(0), x)
+  forward = jax.jit(lambda v, x: module.apply(v, x, mutable=["batch_stats"]))
+
+  def conditionals(platform):  # (a lax.cond's boolean predicate, converted to a branch index)
+    text = forward.trace(variables, x).lower(lowering_platforms=(platform,)).as_text()
+    return text.count("(tensor<i1>) -> tensor<i32>")
+
+  assert conditionals("cpu") == 1
+  assert conditionals("cuda") == conditionals("rocm") == conditionals("tpu") == 0
