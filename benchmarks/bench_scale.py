@@ -1,18 +1,22 @@
 """What jaxnorm costs where users scale, against Flax, in one process (issue 33).
 
-Three tables, each a jaxnorm/Flax ratio per case (interleaved runs, medians):
+Tables, each a jaxnorm/Flax ratio per case (interleaved runs, medians):
 
 - ``eager``: one un-jitted call of each Linen and NNX module (a notebook, a debugger), the
   modules' training and inference calls;
 - ``compile``: lowering and compiling the inference and training programs of three small
   models (a GroupNorm UNet block stack, a ResNet-style BatchNorm stack, a Pre-LN
-  Transformer), with the compiled program's fusions and conditionals;
+  Transformer) and a ResNet-50, with the compiled program's fusions and conditionals;
 - ``collectives``: all-reduces, all-gathers and collective-permutes in the compiled forward
   and forward+backward of each norm under GSPMD on 8 virtual CPU devices (plain ``jit``,
   the batch sharded, and the features sharded for tensor-parallel LayerNorm/RMSNorm), in
-  automatic and explicit sharding.
+  automatic and explicit sharding;
+- ``reads``: XLA:CPU's bytes accessed per norm (forward, forward+backward) over |x|, with
+  the forward's fusions and conditionals, on one device;
+- ``resnet50``: the collectives of a whole ResNet-50 training step, the batch sharded.
 
-  python benchmarks/bench_scale.py [--only eager,compile,collectives] [--repeats 30]
+  python benchmarks/bench_scale.py [--only eager,compile,collectives,reads,resnet50]
+                                   [--repeats 30]
 """
 
 from __future__ import annotations
@@ -266,8 +270,53 @@ class TransformerStack(nn.Module):
     return self.lib.LayerNorm()(x)
 
 
+class ResNet50(nn.Module):
+  """ResNet-50 (He et al. 2016): bottleneck blocks of 3, 4, 6, 3, 53 BatchNorms."""
+
+  lib: object
+  classes: int = 10
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    def bn(h, zero=False):
+      init = nn.initializers.zeros if zero else nn.initializers.ones
+      return self.lib.BatchNorm(use_running_average=not train, scale_init=init)(h)
+
+    x = nn.relu(bn(nn.Conv(64, (7, 7), (2, 2), use_bias=False)(x)))
+    x = nn.max_pool(x, (3, 3), (2, 2), "SAME")
+    for stage, (blocks, width) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512), strict=True)):
+      for b in range(blocks):
+        stride = (2, 2) if stage > 0 and b == 0 else (1, 1)
+        h = nn.relu(bn(nn.Conv(width, (1, 1), use_bias=False)(x)))
+        h = nn.relu(bn(nn.Conv(width, (3, 3), stride, use_bias=False)(h)))
+        h = bn(nn.Conv(4 * width, (1, 1), use_bias=False)(h), zero=True)
+        if b == 0:
+          x = bn(nn.Conv(4 * width, (1, 1), stride, use_bias=False)(x))
+        x = nn.relu(x + h)
+    return nn.Dense(self.classes)(jnp.mean(x, (1, 2)))
+
+
 MODELS = [("UNet (GroupNorm)", UNetStack, CNN), ("ResNet (BatchNorm)", ResNetStack, CNN),
-          ("Transformer (LayerNorm)", TransformerStack, SEQ)]  # fmt: skip
+          ("Transformer (LayerNorm)", TransformerStack, SEQ),
+          ("ResNet-50 (BatchNorm)", ResNet50, (8, 64, 64, 3))]  # fmt: skip
+
+
+def resnet50_collectives():
+  """Collectives of a ResNet-50 training step, the batch sharded over 8 devices."""
+  print("\n## ResNet-50 training step under GSPMD, 8 devices, batch sharded\n")
+  print("| mode | jaxnorm all-reduce/all-gather/permute/all-to-all | Flax |")
+  print("|---|---|---|")
+  x = np.random.default_rng(0).normal(size=(16, 64, 64, 3)).astype(np.float32)
+  # (automatic sharding only: under explicit sharding Flax's Conv asks for out_sharding)
+  for mode in (AxisType.Auto,):
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(mode,))
+    cells = []
+    for lib in (jaxnorm, nn):
+      f, v, _ = _programs(ResNet50, lib, x.shape)["training"]
+      with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+        cells.append(count_ops(jax.jit(f).lower(v, xs).compile().as_text()))
+    print(f"| {mode.name} | {_fmt(cells[0])} | {_fmt(cells[1])} |")
 
 
 def _programs(model_cls, lib, shape):
@@ -281,9 +330,9 @@ def _programs(model_cls, lib, shape):
   def train(v, x):
     def loss(p):
       out = model.apply({**v, "params": p}, x, train=True, mutable=["batch_stats"])
-      return jnp.mean(out[0] ** 2)
+      return jnp.mean(out[0] ** 2), out[1]
 
-    return jax.grad(loss)(v["params"])
+    return jax.grad(loss, has_aux=True)(v["params"])  # (the running statistics too)
 
   return {"inference": (infer, v, x), "training": (train, v, x)}
 
@@ -314,7 +363,7 @@ def compile_times(repeats):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--only", default="eager,compile,collectives,reads")
+  parser.add_argument("--only", default="eager,compile,collectives,reads,resnet50")
   parser.add_argument("--repeats", type=int, default=30)
   args = parser.parse_args(argv)
   parts = set(args.only.split(","))
@@ -328,6 +377,8 @@ def main(argv=None):
     collectives()
   if "reads" in parts:
     reads()
+  if "resnet50" in parts:
+    resnet50_collectives()
 
 
 if __name__ == "__main__":

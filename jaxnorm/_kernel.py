@@ -176,9 +176,10 @@ def _view(shape, axes, channel_groups, *operands, sharded=()):
 def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   """The output, the statistics and ``r``. The variance: undifferentiated, two passes over
   short trailing rows, corrected two passes for channel groups, else ``Σx ∥ Σx²``
-  checked (the fastest forward on XLA:CPU); under differentiation sums shifted by two
-  elements (no ``lax.cond``, whose untaken branch XLA counts as traffic):
-  ``benchmarks/RESULTS.md``, items 4, 9, 11, 34 and 37. All are accurate for any offset."""
+  checked on XLA:CPU (its fastest forward) and sums shifted by two elements elsewhere;
+  under differentiation the shifted sums (no ``lax.cond``, whose untaken branch XLA
+  counts as traffic): ``benchmarks/RESULTS.md``, items 4, 9, 11, 34, 37 and 38. All are
+  accurate for any offset."""
   v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias, sharded=sharded_axes(x))
   variance, shift = Variance.CHECKED, None
   rows = v.axes == (len(v.groups) - 1,) and cfg.channel_groups is None

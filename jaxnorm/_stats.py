@@ -358,7 +358,7 @@ class Variance(enum.Enum):
   for any offset of the data (masks, devices, complex and empty inputs take the two-pass
   formula whatever is asked)."""
 
-  CHECKED = enum.auto()  # Σx ∥ Σx², a conditioning check, an exact fallback (forward)
+  CHECKED = enum.auto()  # Σx ∥ Σx², a check, an exact fallback (forward; XLA:CPU only)
   SHIFTED = enum.auto()  # sums shifted by elements of each group (under differentiation)
   TWO_PASS = enum.auto()  # the mean, then Σ|x − μ|²
 
