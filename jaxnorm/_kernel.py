@@ -175,10 +175,10 @@ def _view(shape, axes, channel_groups, *operands, sharded=()):
 
 def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   """The output, the statistics and ``r``. The variance: undifferentiated, two passes over
-  short trailing rows, corrected two passes for channel groups, else ``Σx ∥ Σx²``
+  short trailing rows and for channel groups, else ``Σx ∥ Σx²``
   checked on XLA:CPU (its fastest forward) and sums shifted by two elements elsewhere;
   under differentiation the shifted sums (no ``lax.cond``, whose untaken branch XLA
-  counts as traffic): ``benchmarks/RESULTS.md``, items 4, 9, 11, 34, 37 and 38. All are
+  counts as traffic): ``benchmarks/RESULTS.md``, items 4, 9, 11, 34, 37, 38 and 39. All are
   accurate for any offset."""
   v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias, sharded=sharded_axes(x))
   variance, shift = Variance.CHECKED, None
@@ -188,10 +188,11 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
     v = _View(tuple((i,) for i in range(x.ndim)), cfg.axes, None)
     variance = Variance.TWO_PASS
   elif not differentiated and cfg.channel_groups is not None:
-    variance = Variance.TWO_PASS  # (the groups' corrected two passes: item 37)
-  elif differentiated:
+    variance = Variance.TWO_PASS  # (no cond, Flax's reads of x: items 37 and 39)
+  else:
+    variance = Variance.SHIFTED if differentiated else variance
+  if variance is not Variance.CHECKED and not fused_rows:
     # Sliced from x itself, not from its view: XLA:CPU then reads them once (item 11).
-    variance = Variance.SHIFTED
     if cfg.channel_groups is not None:  # (without, the statistics slice their own shifts)
       shift = shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups)
       shift = None if shift is None else tuple(map(v, shift))
