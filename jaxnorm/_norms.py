@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -362,7 +363,8 @@ def _trailing_norm(
   cfg = configure(normalized, reduced, features, scale, bias, **settings)
   if residual is not None:  # y in the dtype the norm of x would have (Flax's rule)
     cfg = cfg._replace(out_dtype=output_dtype(x, scale, bias, dtype=settings["dtype"]))
-  if use_kernels(implementation, kernel_misfit(x, cfg, scale, bias)):
+  row = math.prod(x.shape[a] for a in cfg.axes)
+  if use_kernels(implementation, kernel_misfit(x, cfg, scale, bias), row):
     gamma, beta = _affine_params(scale, bias, x.shape, cfg, zero_centered_scale)
     return normalize_rows(x, gamma, beta, cfg, epsilon=epsilon, mask=mask, residual=residual,
                           residual_dtype=h_dtype)  # fmt: skip

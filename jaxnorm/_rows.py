@@ -60,11 +60,27 @@ def kernel_misfit(x: jax.Array, cfg: Config, *operands: Any) -> str | None:
   return None
 
 
-def use_kernels(implementation: Any, misfit: str | None) -> bool:
-  """Whether to run the Pallas kernels. ``None`` means XLA until the kernels are measured
-  faster on a GPU (``benchmarks/RESULTS.md``); an explicit ``"pallas"`` that cannot run
-  raises with the reason."""
+# Where ``implementation=None`` takes the Pallas kernels: platform -> the row lengths
+# (elements, inclusive) over which a device-timed run measured them faster than XLA
+# (``benchmarks/gpu_suite.py``, issue 34). Empty until one has: XLA everywhere today.
+PALLAS_BY_DEFAULT: dict[str, tuple[int, int]] = {}
+
+
+def default_uses_kernels(platform: str, row: int) -> bool:
+  """Whether ``implementation=None`` takes the kernels for rows of ``row`` elements on
+  ``platform`` ("cpu", "gpu", "tpu"), by :data:`PALLAS_BY_DEFAULT`."""
+  span = PALLAS_BY_DEFAULT.get(platform)
+  return span is not None and span[0] <= row <= span[1]
+
+
+def use_kernels(implementation: Any, misfit: str | None, row: int = 0) -> bool:
+  """Whether to run the Pallas kernels for rows of ``row`` elements. ``None`` follows
+  :func:`default_uses_kernels` on the default backend where the kernels apply (XLA
+  everywhere until a device-timed run fills the rule); an explicit ``"pallas"`` that
+  cannot run raises with the reason."""
   check_implementation(implementation)
+  if implementation is None:
+    return misfit is None and default_uses_kernels(jax.default_backend(), row)
   if implementation != "pallas":
     return False
   if misfit is not None:

@@ -287,3 +287,33 @@ def test_lowers_for_gpus_and_tpus(platform, marker):
     pytest.skip(f"this JAX ({jax.__version__}) lowers Triton kernels only with a GPU device")
   text = exported.mlir_module()
   assert text.count(marker) >= 3, text[:2000]  # forward, backward, and the second norm
+
+
+def _uses_kernels(fn):
+  """Whether the compiled ``fn`` runs the Pallas kernels (interpreted on the CPU: their
+  ``pallas_call`` is in the jaxpr)."""
+  return "pallas_call" in str(jax.make_jaxpr(fn)())
+
+
+def test_default_implementation_follows_the_rule(monkeypatch):
+  """``implementation=None`` is XLA everywhere as shipped (no device-timed run has shown
+  the kernels faster yet), and takes the kernels exactly where the rule says once filled:
+  by platform and row length, never where they cannot apply."""
+  from jaxnorm import _rows
+
+  rows = {d: jnp.ones((4, d), jnp.float32) for d in (64, 256, 1024)}
+  scale = {d: jnp.ones(d) for d in rows}
+  assert _rows.PALLAS_BY_DEFAULT == {}
+  for d, x in rows.items():
+    assert not _uses_kernels(lambda x=x, d=d: jaxnorm.layer_norm(x, scale=scale[d]))
+  monkeypatch.setitem(_rows.PALLAS_BY_DEFAULT, jax.default_backend(), (128, 512))
+  picked = {
+    d: _uses_kernels(lambda x=x, d=d: jaxnorm.layer_norm(x, scale=scale[d]))
+    for d, x in rows.items()
+  }
+  assert picked == {64: False, 256: True, 1024: False}
+  # Where no kernel applies (statistics over a leading axis), None stays XLA and never raises.
+  assert not _uses_kernels(lambda: jaxnorm.layer_norm(rows[256], reduction_axes=0))
+  # Another platform's entry changes nothing here.
+  monkeypatch.setattr(_rows, "PALLAS_BY_DEFAULT", {"not-this-platform": (1, 16384)})
+  assert not _uses_kernels(lambda: jaxnorm.layer_norm(rows[256], scale=scale[256]))

@@ -1,0 +1,265 @@
+"""The device-timed suite: every norm at the shapes users train with, timed on the device.
+
+One command for a GPU when one is lent (minutes at a time, rarely): jaxnorm (XLA and its
+Pallas row kernels), Flax, plain ``jnp`` and the peers that import (Equinox, Haiku,
+tokamax XLA and Triton), forward and forward+backward, each case's device time
+(``devtime.py``: CUPTI on NVIDIA GPUs, else the in-jit loop), its wall clock per call (one
+call, end to end, labelled as such) and its floor (the least traffic a norm can have, timed
+the same way: forward 2|x|, forward+backward 5|x|), model bytes per second and the
+fraction of the copy bandwidth measured in the same run; then the whole training steps of
+``bench_e2e.py``, device-timed. Working sets below twice the L2 are labelled "L2-warm".
+
+Shapes, named (``SUITE``): Llama rows (tokens × 4096, × 8192, bfloat16), GPT-2/ViT rows
+(× 768), Liger-Kernel's M = 4096 × N ∈ {1k, 2k, 4k, 8k, 16k} float32 LayerNorm, tokamax's
+768 × 768 × 128 bfloat16, ResNet-50 activations (NHWC bfloat16, 256 × 56 × 56 × 64 and
+256 × 14 × 14 × 1024) for BatchNorm and GroupNorm, a DiT/UNet GroupNorm map.
+
+Raw results (JSON and a Markdown table, with the device's name) go to
+``benchmarks/results/<device>/``; ``--budget`` seconds bound the run (cases in ``SUITE``'s
+order, the rest listed as skipped); ``--smoke`` runs tiny shapes on the CPU in seconds
+(``tests/test_gpu_suite.py``), so that the suite never rots between GPU runs.
+
+  python benchmarks/gpu_suite.py [--smoke] [--budget 420] [--out DIR] [--no-steps]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_norms  # noqa: E402
+import devtime  # noqa: E402
+import peers  # noqa: E402
+
+BF16, F32 = jnp.bfloat16, jnp.float32
+SUITE = [  # (shape's name, norm, shape, dtype), in the order they run
+  ("Llama rows, 8192 tokens × 4096", "rms", (1, 8192, 4096), BF16),
+  ("Llama rows, 8192 tokens × 4096", "add_rms", (1, 8192, 4096), BF16),
+  ("Llama rows, 4096 tokens × 8192", "rms", (1, 4096, 8192), BF16),
+  ("GPT-2/ViT rows, 16384 tokens × 768", "layer", (32, 512, 768), BF16),
+  ("GPT-2/ViT rows, 16384 tokens × 768", "layer", (32, 512, 768), F32),
+  ("GPT-2/ViT rows, 16384 tokens × 768", "add_layer", (32, 512, 768), BF16),
+  *(("Liger M = 4096", "layer", (1, 4096, n), F32) for n in (1024, 2048, 4096, 8192, 16384)),
+  ("tokamax 768 × 768 × 128", "layer", (768, 768, 128), BF16),
+  ("ResNet-50 conv2, 256 × 56 × 56 × 64", "batch_train", (256, 56, 56, 64), BF16),
+  ("ResNet-50 conv2, 256 × 56 × 56 × 64", "batch_eval", (256, 56, 56, 64), BF16),
+  ("ResNet-50 conv4, 256 × 14 × 14 × 1024", "batch_train", (256, 14, 14, 1024), BF16),
+  ("ResNet-50 conv2, 256 × 56 × 56 × 64", "group", (256, 56, 56, 64), BF16),
+  ("DiT/UNet map, 16 × 64 × 64 × 320", "group", (16, 64, 64, 320), BF16),
+  ("DiT/UNet map, 16 × 64 × 64 × 320", "instance", (16, 64, 64, 320), BF16),
+]
+SMOKE = [("smoke rows", "add_rms", (2, 8, 128), BF16), ("smoke map", "group", (2, 4, 4, 64), F32)]
+PASSES = ("forward", "fwd+bwd")
+
+
+def device_name(device) -> str:
+  """A folder name for the device: ``nvidia-h100-80gb-hbm3``, ``cpu``."""
+  if device.platform == "cpu":
+    return "cpu"
+  return re.sub(r"[^a-z0-9]+", "-", device.device_kind.lower()).strip("-")
+
+
+def copy_bandwidth(nbytes: int, n: int, min_seconds: float) -> float:
+  """Bytes per second of a copy-like kernel (read x, write y) over ``nbytes`` of float32,
+  timed as every case is."""
+  x = jnp.ones(max(nbytes // 4, 1024), F32)
+  copy = jax.jit(lambda x: x * 1.0001 + 0.5)
+  seconds, _ = devtime.device_time(copy, (x,), carry=0, n=n, min_seconds=min_seconds)
+  return 2 * x.nbytes / seconds if seconds > 0 else float("nan")
+
+
+def _floor_fns(x0):
+  """The floor's kernels (``bench_norms.floors``) as functions of x, with the traffic they
+  model: forward 2|x|, forward+backward 5|x|."""
+  y = jax.jit(lambda x: x * 1.0001 + 0.5)
+  dx = jax.jit(lambda x, dy: x * dy + dy)
+  return {
+    "forward": (y, (x0,), 2 * x0.nbytes),
+    "fwd+bwd": (jax.jit(lambda x: (y(x), dx(x, x))), (x0,), 5 * x0.nbytes),
+  }
+
+
+def measure_case(
+  label, kind, shape, dtype, libs, n, device, copy_bw, min_seconds=0.02, pallas=True
+):
+  """Rows for one shape and norm: every implementation, both passes."""
+  x, cot = bench_norms.inputs(kind, shape, dtype)
+  x0 = x[0] if isinstance(x, tuple) else x
+  impls = bench_norms.build(kind, x, dtype, cot, libs=libs, pallas=pallas)
+  rows = []
+  for pass_ in PASSES:
+    floor_fn, floor_args, model_bytes = _floor_fns(x0)[pass_]
+    floor_s, method = devtime.device_time(
+      floor_fn, floor_args, carry=0, n=n, min_seconds=min_seconds
+    )
+    times = {}
+    for name, (fwd, fwd_bwd, args, cot_in) in impls.items():
+      fn, fargs = (fwd, args) if pass_ == "forward" else (fwd_bwd, (*args, cot_in))
+      dev_s, method = devtime.device_time(fn, fargs, carry=1, n=n, min_seconds=min_seconds)
+      wall_s = devtime.wall_time(fn, fargs, repeats=max(3, n // 2))
+      faults = devtime.faults_per_call(fn, fargs, calls=3) if device.platform == "cpu" else None
+      times[name] = (dev_s, wall_s, faults)
+    flax_s = times["flax"][0]
+    for name, (dev_s, wall_s, faults) in times.items():
+      rows.append(
+        dict(
+          shape_name=label,
+          norm=kind,
+          shape=list(shape),
+          dtype=jnp.dtype(dtype).name,
+          pass_=pass_,
+          impl=name,
+          method=method,
+          device_us=dev_s * 1e6,
+          wall_us=wall_s * 1e6,
+          faults_per_call=faults,
+          floor_us=floor_s * 1e6,
+          x_floor=dev_s / floor_s if floor_s > 0 else float("nan"),
+          to_flax=dev_s / flax_s if flax_s > 0 else float("nan"),
+          model_gb_s=model_bytes / dev_s / 1e9 if dev_s > 0 else float("nan"),
+          of_copy=model_bytes / dev_s / copy_bw if dev_s > 0 else float("nan"),
+          cache=devtime.cache_label(model_bytes, device),
+        )
+      )
+  return rows
+
+
+def measure_steps(n):
+  """bench_e2e.py's whole training steps, jaxnorm against Flax, device-timed."""
+  import bench_e2e
+  import flax.linen as nn
+
+  import jaxnorm
+
+  cases = {
+    "Pre-LN Transformer step, float32": lambda lib: bench_e2e.transformer_step(lib, F32),
+    "Pre-LN Transformer step, bfloat16": lambda lib: bench_e2e.transformer_step(lib, BF16),
+    "ResNet-18 step, shard_map BatchNorm": bench_e2e.resnet_step,
+  }
+  rows = []
+  for name, make in cases.items():
+    t = {}
+    for lib in (jaxnorm, nn):
+      step, args = make(lib)
+      if devtime.cupti_available():
+        dev_s, method = devtime.cupti_time(step, args, iterations=n), "cupti"
+      else:  # (a step's feedback through every parameter is no loop to compile here)
+        dev_s, method = devtime.wall_time(step, args, repeats=max(3, n // 4)), "wall"
+      t[lib.__name__] = (dev_s, devtime.wall_time(step, args, repeats=max(3, n // 4)), method)
+    (a, wa, method), (b, wb, _) = t["jaxnorm"], t["flax.linen"]
+    rows.append(
+      dict(
+        step=name,
+        method=method,
+        jaxnorm_us=a * 1e6,
+        flax_us=b * 1e6,
+        to_flax=a / b,
+        jaxnorm_wall_us=wa * 1e6,
+        flax_wall_us=wb * 1e6,
+      )  # fmt: skip
+    )
+    print(f"{name}: jaxnorm {a * 1e6:.0f} µs, Flax {b * 1e6:.0f} µs ({method})", flush=True)
+  return rows
+
+
+def markdown(meta, rows, steps, skipped):
+  lines = [
+    f"# Device-timed suite: {meta['device']}",
+    "",
+    f"jax {meta['jax']}, flax {meta['flax']}; timing: {meta['method']}; copy bandwidth "
+    f"{meta['copy_gb_s']:.0f} GB/s (read + write, same method); L2 {meta['l2']}; "
+    f"{meta['seconds']:.0f} s. `device µs`: kernels only (CUPTI) or per iteration of an "
+    "in-jit loop; `wall µs`: one call, end to end (dispatch included). `×floor`: against "
+    "a kernel of the least traffic (forward 2|x|, forward+backward 5|x|) timed the same "
+    "way; `GB/s`, `of copy`: that model traffic over the device time; `faults`: minor page "
+    "faults per call on a CPU (first touches of fresh outputs, in the wall clock only).",
+    "",
+    "| shape | norm | dtype | pass | impl | device µs | wall µs | faults | ×floor | /Flax "
+    "| GB/s | of copy | cache |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for r in rows:
+    faults = "—" if r["faults_per_call"] is None else f"{r['faults_per_call']:.0f}"
+    lines.append(
+      f"| {r['shape_name']} | {r['norm']} | {r['dtype']} | {r['pass_']} | {r['impl']} "
+      f"| {r['device_us']:.1f} | {r['wall_us']:.1f} | {faults} | {r['x_floor']:.2f} "
+      f"| {r['to_flax']:.3f} | {r['model_gb_s']:.0f} | {r['of_copy']:.2f} | {r['cache']} |"
+    )
+  if steps:
+    lines += ["", "| whole step | method | jaxnorm µs | Flax µs | /Flax | wall: jaxnorm, Flax µs |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for s in steps:
+      lines.append(
+        f"| {s['step']} | {s['method']} | {s['jaxnorm_us']:.0f} | {s['flax_us']:.0f} "
+        f"| {s['to_flax']:.3f} | {s['jaxnorm_wall_us']:.0f}, {s['flax_wall_us']:.0f} |"
+      )
+  if skipped:
+    lines += ["", "Skipped (budget): " + "; ".join(skipped)]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--smoke", action="store_true", help="tiny shapes, CPU, seconds")
+  ap.add_argument("--budget", type=float, default=420.0, help="seconds for the norm cases")
+  ap.add_argument("--out", default=None, help="default: benchmarks/results/<device>/")
+  ap.add_argument("--no-steps", action="store_true", help="skip the whole training steps")
+  ap.add_argument("--iterations", type=int, default=None)
+  ap.add_argument("--cases", default=None, help="a regex over 'shape norm dtype'")
+  args = ap.parse_args(argv)
+  start = time.perf_counter()
+  device = jax.devices()[0]
+  suite = SMOKE if args.smoke else SUITE
+  n = args.iterations or (4 if args.smoke else 20)
+  min_seconds = 0.002 if args.smoke else 0.02
+  libs = {} if args.smoke else peers.available()
+  copy_bw = copy_bandwidth((1 << 20) if args.smoke else (1 << 30), n, min_seconds)
+  print(f"{device.device_kind}: copy {copy_bw / 1e9:.0f} GB/s", flush=True)
+  rows, skipped = [], []
+  for label, kind, shape, dtype in suite:
+    name = f"{label} {kind} {jnp.dtype(dtype).name}"
+    if args.cases and not re.search(args.cases, name):
+      continue
+    if time.perf_counter() - start > args.budget:
+      skipped.append(name)
+      continue
+    # (the Pallas kernels run interpreted on a CPU: its times mean nothing, past the smoke run)
+    pallas = args.smoke or device.platform != "cpu"
+    case = measure_case(label, kind, shape, dtype, libs, n, device, copy_bw, min_seconds, pallas)
+    rows += case
+    best = {r["pass_"]: r["to_flax"] for r in case if r["impl"] == "jaxnorm"}
+    print(f"{name}: jaxnorm/Flax {best}", flush=True)
+  steps = [] if args.no_steps or args.smoke else measure_steps(n)
+  import flax
+
+  meta = dict(
+    device=f"{device.platform}: {device.device_kind}",
+    jax=jax.__version__,
+    flax=flax.__version__,
+    method=rows[0]["method"] if rows else "none",
+    copy_gb_s=copy_bw / 1e9,
+    l2=devtime.l2_bytes(device),
+    iterations=n,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - start,
+  )
+  out = args.out or os.path.join(os.path.dirname(__file__), "results", device_name(device))
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, "gpu_suite.json"), "w") as f:
+    json.dump(dict(meta=meta, rows=rows, steps=steps, skipped=skipped), f, indent=1)
+  with open(os.path.join(out, "gpu_suite.md"), "w") as f:
+    f.write(markdown(meta, rows, steps, skipped))
+  print(f"wrote {out}/gpu_suite.json and gpu_suite.md in {meta['seconds']:.0f} s", flush=True)
+  return meta, rows
+
+
+if __name__ == "__main__":
+  main()
