@@ -20,6 +20,7 @@ checks that).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,11 +51,12 @@ def cache_label(working_set: int, device: Any) -> str:
   return "cold" if working_set >= 2 * l2 else "L2-warm"
 
 
-def _next_input(x: Any, outputs: Any) -> Any:
-  """The next iteration's input: each leaf of ``x`` replaced by the first unused output
-  leaf of its shape and dtype (a norm's output is a well-scaled input to the next norm,
-  and taking it adds no operation, hence no traffic), or, where none matches, ``x`` plus
-  the sum of every output (a reduction, but no output can then be dead code)."""
+def _next_input(x: Any, outputs: Any) -> tuple[Any, list]:
+  """The next iteration's input and the outputs it did not take: each leaf of ``x``
+  replaced by the first unused output leaf of its shape and dtype (a norm's output is a
+  well-scaled input to the next norm, and taking it adds no operation, hence no traffic),
+  or, where none matches, ``x`` plus the sum of every output (a reduction, but no output
+  can then be dead code)."""
   pool = list(jax.tree.leaves(outputs))
 
   def one(a):
@@ -64,15 +66,16 @@ def _next_input(x: Any, outputs: Any) -> Any:
     total = sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(outputs))
     return (a.astype(jnp.float32) + total).astype(a.dtype)
 
-  return jax.tree.map(one, x)
+  return jax.tree.map(one, x), pool
 
 
 def loop_program(fn: Callable[..., Any], carry: int = 1) -> Callable[..., Any]:
-  """A jitted ``program(args, n)`` that applies ``fn(*args)`` ``n`` times (``n`` a runtime
-  count: one compiled program for every length), the argument at position ``carry``
-  replaced by each call's output (:func:`_next_input`), every output kept in the loop's
-  state; returns the last input and the last outputs. Each iteration depends on the whole
-  of the previous one's output, so none can be skipped or hoisted out of the loop."""
+  """A jitted ``program(args, n)`` that applies ``fn(*args)`` ``n`` times (``n`` a
+  runtime count: one compiled program for every length), the argument at position ``carry``
+  replaced by each call's output (:func:`_next_input`), the outputs it does not take kept
+  in the loop's state (each output lives in one buffer: no copy); returns the last input
+  and those outputs of the last call. Each iteration depends on the whole of the previous
+  one's output, so none can be skipped or hoisted out of the loop."""
 
   def program(args, n):
     def call(x):
@@ -81,14 +84,20 @@ def loop_program(fn: Callable[..., Any], carry: int = 1) -> Callable[..., Any]:
       return fn(*full)
 
     def body(_, state):
-      x, _ = state
-      outputs = call(x)
-      return _next_input(x, outputs), outputs
+      return _next_input(state[0], call(state[0]))
 
-    first = call(args[carry])  # (the state's shapes; also iteration 1)
-    return jax.lax.fori_loop(1, n, body, (_next_input(args[carry], first), first))
+    first = _next_input(args[carry], call(args[carry]))  # (call 1; the state's shapes)
+    return jax.lax.fori_loop(1, n, body, first)
 
   return jax.jit(program)
+
+
+def state_copies(program: Callable[..., Any], args: tuple) -> int:
+  """Full-size copies in the compiled loop (scalars aside): a kernel that cannot write in
+  place over its input (XLA:CPU's YNNPACK fusions) has its output copied into the loop's
+  state each iteration, traffic no single call pays; the method column says so."""
+  text = program.lower(args, 3).compile().as_text()
+  return len(re.findall(r"= \w+\[\d[\d,]*\]\S* copy\(", text))
 
 
 def _median_wall(call: Callable[[], Any], repeats: int) -> float:
@@ -181,4 +190,6 @@ def device_time(
       return cupti_time(fn, args, iterations=n), "cupti"
     except Exception as e:  # (a GPU run is rare: fall back, say so, keep going)
       why = f" (cupti failed: {type(e).__name__})"
-  return loop_time(fn, args, carry=carry, n=n, min_seconds=min_seconds), "loop" + why
+  seconds = loop_time(fn, args, carry=carry, n=n, min_seconds=min_seconds)
+  copies = state_copies(loop_program(fn, carry), args)
+  return seconds, "loop" + (f" (+{copies} copy)" if copies else "") + why

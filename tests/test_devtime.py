@@ -25,32 +25,43 @@ def _args(shape=(4, 16, 32)):
 
 
 def test_loop_program_chains_every_iteration_on_the_whole_input():
-  """The compiled loop returns n chained applications ``x ← f(x)``, and the last call's
-  outputs: every iteration ran, on the whole of the previous iteration's output."""
+  """The compiled loop returns n chained applications ``x ← f(x)``: every iteration ran,
+  on the whole of the previous iteration's output."""
   args = _args()
-  x, last = devtime.loop_program(_norm, carry=1)(args, 5)
+  x, rest = devtime.loop_program(_norm, carry=1)(args, 5)
   want = args[1]
-  for _ in range(4):
+  for _ in range(5):
     want = _norm(args[0], want, {})
-  np.testing.assert_allclose(np.asarray(last), np.asarray(_norm(args[0], want, {})), atol=1e-5)
-  np.testing.assert_allclose(np.asarray(x), np.asarray(_norm(args[0], want, {})), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(x), np.asarray(want), atol=1e-5)
+  assert rest == []  # (the one output became the next input)
 
 
 def test_every_output_stays_live():
-  """A forward+backward's outputs (y, and the gradients of the parameters and of x) are
-  the loop's state: the last iteration's all come back, equal to one call's."""
+  """A forward+backward's other outputs (the gradients of the parameters and of x) are the
+  loop's state: the last iteration's come back, equal to one call's."""
 
   def fwd_bwd(params, x, rest):
     y, vjp = jax.vjp(lambda p, x: _norm(p, x, rest), params, x)
     return y, vjp(jnp.ones_like(y) * jnp.arange(y.shape[-1])[None, None])
 
   args = _args()
-  x, (y, (dparams, dx)) = devtime.loop_program(fwd_bwd)(args, 3)
+  x, rest = devtime.loop_program(fwd_bwd)(args, 3)
   prev = _norm(args[0], _norm(args[0], args[1], {}), {})  # (the third call's input)
-  want_y, (want_dparams, want_dx) = fwd_bwd(args[0], prev, {})
-  for got, want in ((y, want_y), (dx, want_dx), (dparams, want_dparams)):
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+  want_y, want_grads = fwd_bwd(args[0], prev, {})
+  np.testing.assert_allclose(np.asarray(x), np.asarray(want_y), atol=1e-5)
+  for a, b in zip(rest, jax.tree.leaves(want_grads), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4)
+
+
+def test_no_output_is_copied_into_the_loop_state():
+  """Each output lives in one buffer of the loop's state: the loop body of a copy-like
+  kernel holds one fusion and no copy (a copy would add traffic to every iteration)."""
+  x = jnp.ones((64, 128), jnp.float32)
+  program = devtime.loop_program(lambda x: x * 1.0001 + 0.5, carry=0)
+  hlo = program.lower((x,), 4).compile().as_text()
+  assert "f32[64,128]{1,0} copy" not in hlo  # (the loop counter's scalar copy is free)
+  assert devtime.state_copies(program, (x,)) == 0
+  assert hlo.count("f32[64,128]{1,0} fusion(") == 2  # (the first call, the loop's body)
 
 
 def test_an_input_no_output_matches_takes_the_sum_of_all():

@@ -17,7 +17,7 @@ def test_smoke_run_writes_every_case(tmp_path):
       assert {(kind, pass_, "jaxnorm"), (kind, pass_, "flax"), (kind, pass_, "jnp")} <= impls
   assert ("add_rms", "fwd+bwd", "jaxnorm-pallas") in impls  # (the row kernels, interpreted)
   for r in rows:
-    assert r["method"] == "loop" and r["device_us"] >= 0 and r["wall_us"] > 0, r
+    assert r["method"].startswith("loop") and r["device_us"] >= 0 and r["wall_us"] > 0, r
     assert r["cache"] == "n/a"
 
 
