@@ -200,7 +200,7 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   x = x.astype(cfg.dtype)
   kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))
   stats = Moments(*(s.reshape(kept) for s in stats))
-  var = _overflowed_to_nan(stats.var, fused_rows)
+  var = _overflowed_to_nan(stats.var, fused_rows, cfg.center)
   r = inverse_std(var, epsilon, cfg.epsilon_in_root)
   if mask is not None:
     r = jnp.where(stats.count > 0, r, 0)  # a group with no valid element: x̂ = 0, no NaN
@@ -218,20 +218,24 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   return y.astype(cfg.out_dtype), stats, r
 
 
-def _overflowed_to_nan(var, fused_rows):
+def _overflowed_to_nan(var, fused_rows, center=True):
   """``var``, NaN where it overflowed to inf (float32 sums of squares past ~3e38), where
   ``r = 1/sqrt(inf) = 0`` would make the output a confident 0. Guarded before the root,
   so that the select stays with ``r`` (after it, XLA:CPU recomputed the guard at every
   element of a derivative: BatchNorm's gradient 12-33 % slower). Not in the
   undifferentiated row norms on XLA:CPU (``fused_rows``), whose whole norm is one YNNPACK
   fusion that takes no select: a guard there cost up to 42 % (float32) and 1.9-3.8x
-  (bfloat16) of the forward (``benchmarks/RESULTS.md``, item 30)."""
+  (bfloat16) of the forward (``benchmarks/RESULTS.md``, item 30); nor in RMSNorm's
+  (uncentred) rows on GPUs: with it XLA:GPU split the norm into three kernels and 3|x|
+  of traffic, without it one, as Flax's (item 41)."""
 
   def guard(var):
     return jnp.where(var < jnp.inf, var, jnp.nan)
 
   if not fused_rows:
     return guard(var)
+  if not center:  # (measured on XLA:GPU; TPUs keep the guard until measured there)
+    return lax.platform_dependent(var, tpu=guard, default=lambda var: var)
   return lax.platform_dependent(var, cpu=lambda var: var, default=guard)
 
 

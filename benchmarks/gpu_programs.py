@@ -1,0 +1,228 @@
+"""XLA:GPU's programs for every norm, compiled on a machine without a GPU (issue 34, point 4).
+
+Compiles jaxnorm's and Flax's forward and forward+backward for an H100 target with no
+device (``jax.experimental.topologies`` and a target description, through the CUDA
+plugin), and counts what each program launches and moves: kernels (fusions, custom calls,
+copies and other top-level operations of the entry computation and of any loop or
+conditional in it) and a bytes model — every kernel's operands read and results written,
+as multiples of |x| (XLA's own ``cost_analysis`` returns nothing without a device). Where
+jaxnorm's program has more kernels or bytes than Flax's, the table says so.
+
+Needs the CUDA plugin (not a GPU), in its own environment:
+
+  pip install "jax-cuda12-plugin[with-cuda]==<jax's version>" "jax-cuda12-pjrt==<same>"
+  JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu PYTHONPATH=. \\
+      python benchmarks/gpu_programs.py > benchmarks/results/gpu_programs.md
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.experimental import topologies
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_norms  # noqa: E402
+
+import jaxnorm  # noqa: E402
+
+# XLA's description of an H100 SXM (the fields XLA:GPU's compiler reads).
+H100 = """
+gpu_device_info {
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
+  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
+  clock_rate_ghz: 1.98 device_memory_size: 84929347584
+  shared_memory_per_block_optin: 232448 cuda_compute_capability { major: 9 }
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 7 }
+runtime_version { major: 12 minor: 8 patch: 0 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+
+SIZES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1}
+CASES = [  # (norm, shape, dtype)
+  *((k, (16, 512, 768), d) for d in ("float32", "bfloat16") for k in ("layer", "rms")),
+  *((k, (4, 1024, 4096), d) for d in ("float32", "bfloat16") for k in ("layer", "rms")),
+  *(
+    (k, (32, 56, 56, 64), d)
+    for d in ("float32", "bfloat16")
+    for k in ("batch_train", "batch_eval", "layer", "group", "instance")
+  ),
+  *((k, (16, 512, 768), "float32") for k in ("add_layer", "add_rms")),
+]
+KERNEL = re.compile(r"^\s*(?:ROOT )?%\S+ = (.+?) (fusion|custom-call|copy|reduce|sort|scatter)\(")
+
+
+def _bytes(shape_text: str) -> int:
+  total = 0
+  for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", shape_text):
+    total += SIZES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+  return total
+
+
+def _computations(hlo: str) -> dict[str, list[str]]:
+  """Each named computation's instruction lines."""
+  bodies: dict[str, list[str]] = {}
+  name = None
+  for line in hlo.splitlines():
+    head = re.match(r"^(?:ENTRY )?(%\S+) .*\{$", line)
+    if head:
+      name = head.group(1)
+      bodies[name] = []
+    elif line.startswith("}"):
+      name = None
+    elif name and " = " in line:
+      bodies[name].append(line)
+  return bodies
+
+
+def _parameter_reads(body: list[str]) -> dict[int, int | None]:
+  """For each parameter of a fused computation, the bytes it reads when it is only
+  sliced (through bitcasts, conversions): the slices' outputs (a shift reads one element of each
+  group, not its operand); None when it is read whole."""
+  ops = {}
+  for line in body:
+    m = re.match(r"^\s*(?:ROOT )?(%\S+) = (\([^=]*?\)|\S+) ([a-z\-]+)\((.*?)\)", line)
+    if m:
+      ops[m.group(1)] = (m.group(2), m.group(3), re.findall(r"%[\w.\-]+", m.group(4)), line)
+  users: dict[str, list[str]] = {n: [] for n in ops}
+  for n, (_, _, args, _) in ops.items():
+    for a in args:
+      users.setdefault(a, []).append(n)
+
+  def sliced(n):  # bytes read through slices alone, or None
+    total = 0
+    for u in users.get(n, []):
+      shape, op, _, _ = ops[u]
+      if op == "slice":
+        total += _bytes(shape)
+      elif op in ("bitcast", "convert", "negate", "reshape"):  # (elementwise on the way)
+        inner = sliced(u)
+        if inner is None:
+          return None
+        total += inner
+      else:
+        return None
+    return total
+
+  reads = {}
+  for n, (_, op, _, line) in ops.items():
+    if op == "parameter":
+      index = int(re.search(r"parameter\((\d+)\)", line).group(1))
+      reads[index] = sliced(n)
+  return reads
+
+
+def kernels_and_bytes(hlo: str) -> tuple[int, int]:
+  """Top-level kernels of the entry computation and of the computations it calls, loops
+  or branches into (not of fusions' bodies: a fusion is one kernel), and their operands'
+  and results' bytes (an operand a fusion only slices counts its slices)."""
+  shapes: dict[str, str] = {}
+  for line in hlo.splitlines():
+    m = re.match(r"^\s*(?:ROOT )?(%\S+) = (\([^=]*?\)|\S+) ", line)
+    if m:
+      shapes[m.group(1)] = m.group(2)
+  bodies = _computations(hlo)
+  fused = set(re.findall(r" fusion\(.*?calls=(%[\w.\-]+)", hlo))
+  count, moved = 0, 0
+  for name, lines in bodies.items():
+    if name in fused:
+      continue
+    for line in lines:
+      m = KERNEL.match(line)
+      if not m:
+        continue
+      count += 1
+      operands = re.search(r"\((.*?)\)(?:,|$)", line[line.index(m.group(2)) :])
+      names = re.findall(r"%[\w.\-]+", operands.group(1)) if operands else []
+      called = re.search(r"calls=(%[\w.\-]+)", line)
+      reads = _parameter_reads(bodies.get(called.group(1), [])) if called else {}
+      moved += _bytes(m.group(1))
+      for i, n in enumerate(names):
+        part = reads.get(i)
+        moved += _bytes(shapes.get(n, "")) if part is None else part
+  return count, moved
+
+
+def _programs(kind, shape, dtype, mesh):
+  """jaxnorm's and Flax's forward and forward+backward, lowered for the mesh's GPU."""
+  dt = jnp.dtype(dtype)
+  x_cpu, cot_cpu = jax.eval_shape(lambda: bench_norms.inputs(kind, shape, dt))
+  rep = NamedSharding(mesh, P())
+
+  def abstract(tree):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), tree)
+
+  out = {}
+  for name, lib in (("jaxnorm", jaxnorm), ("flax", nn)):
+    x0 = x_cpu[0] if isinstance(x_cpu, tuple) else x_cpu
+    module = bench_norms._module(lib, kind, len(shape), dt)
+    variables = jax.eval_shape(
+      lambda m=module, x0=x0: bench_norms._module(nn, kind, len(shape), dt).init(
+        jax.random.key(0), jnp.zeros(x0.shape, x0.dtype)
+      )
+    )
+    rest = {k: v for k, v in variables.items() if k != "params"}
+    mutable = ["batch_stats"] if kind == "batch_train" else False
+    add = kind.startswith("add_")
+
+    def forward(params, x, rest, module=module, mutable=mutable, name=name, add=add):
+      v = {"params": params, **rest}
+      if add and name == "jaxnorm":
+        return module.apply(v, x[0], residual=x[1])
+      if add:
+        h = x[0].astype(jnp.float32) + x[1]
+        return module.apply(v, h), h
+      y = module.apply(v, x, mutable=mutable)
+      return y[0] if mutable else y
+
+    def fwd_bwd(params, x, rest, cot, forward=forward):
+      y, vjp = jax.vjp(lambda p, x: forward(p, x, rest), params, x)
+      return y, vjp(cot)
+
+    args = abstract((variables["params"], x_cpu, rest))
+    for pass_, fn, a in (
+      ("forward", forward, args),
+      ("fwd+bwd", fwd_bwd, (*args, abstract(cot_cpu))),
+    ):
+      out[(name, pass_)] = jax.jit(fn).lower(*a).compile()
+  return out, x0.size * dt.itemsize
+
+
+def main():
+  topology = topologies.get_topology_desc(platform="cuda", target_config=H100, topology="1x1x1")
+  mesh = topologies.make_mesh(topology, (1,), ("d",))
+  print(f"# XLA:GPU programs, compiled without a device for {topology.devices[0].device_kind}\n")
+  print(f"jax {jax.__version__}. Kernels: top-level launches (fusions, custom calls, copies,")
+  print("reductions); bytes: every kernel's operands and results over |x|. jaxnorm / Flax.\n")
+  print(
+    "| norm | shape | dtype | forward kernels | forward bytes | fwd+bwd kernels | fwd+bwd bytes |"
+  )
+  print("|---|---|---|---|---|---|---|")
+  for kind, shape, dtype in CASES:
+    progs, nbytes = _programs(kind, shape, dtype, mesh)
+    cells = []
+    for pass_ in ("forward", "fwd+bwd"):
+      (ka, ba), (kb, bb) = (
+        kernels_and_bytes(progs[(n, pass_)].as_text()) for n in ("jaxnorm", "flax")
+      )
+      flag = " **" if ka > kb or ba > 1.02 * bb else ""
+      cells += [f"{ka} / {kb}", f"{ba / nbytes:.2f} / {bb / nbytes:.2f}{flag}"]
+    shape_text = "×".join(map(str, shape))
+    print(f"| {kind} | {shape_text} | {dtype} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+  main()
