@@ -126,4 +126,3 @@ def test_accelerator_programs_have_no_conditional(make):
 
   assert conditionals("cpu") == 1
   assert conditionals("cuda") == conditionals("rocm") == conditionals("tpu") == 0
-
