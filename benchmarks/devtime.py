@@ -92,12 +92,12 @@ def loop_program(fn: Callable[..., Any], carry: int = 1) -> Callable[..., Any]:
   return jax.jit(program)
 
 
-def state_copies(program: Callable[..., Any], args: tuple) -> int:
-  """Full-size copies in the compiled loop (scalars aside): a kernel that cannot write in
-  place over its input (XLA:CPU's YNNPACK fusions) has its output copied into the loop's
-  state each iteration, traffic no single call pays; the method column says so."""
-  text = program.lower(args, 3).compile().as_text()
-  return len(re.findall(r"= \w+\[\d[\d,]*\]\S* copy\(", text))
+def state_copies(compiled: Any) -> int:
+  """Full-size copies in a compiled loop program (scalars aside): a kernel that cannot
+  write in place over its input (XLA:CPU's YNNPACK fusions) has its output copied into
+  the loop's state each iteration, traffic no single call pays; the method column says
+  so."""
+  return len(re.findall(r"= \w+\[\d[\d,]*\]\S* copy\(", compiled.as_text()))
 
 
 def _median_wall(call: Callable[[], Any], repeats: int) -> float:
@@ -122,19 +122,24 @@ def loop_time(
   n: int = 20,
   repeats: int = 5,
   min_seconds: float = 0.02,
-) -> float:
-  """Seconds per call of ``fn(*args)`` inside one program (``loop`` above): at least
-  ``n`` iterations, more (up to 4096) until the longer loop runs ``min_seconds``, so that
-  the slope stands above the noise of a call's dispatch."""
-  program = loop_program(fn, carry)
-  jax.block_until_ready(program(args, 1))  # (compiles it: n is a runtime argument)
+) -> tuple[float, int]:
+  """Seconds per call of ``fn(*args)`` inside one program (``loop`` above), and the
+  program's :func:`state_copies`: at least ``n`` iterations, more (up to 4096) until the
+  longer loop runs ``min_seconds``, so that the slope stands above the noise of a call's
+  dispatch."""
+  count = jnp.asarray(1, jnp.int32)
+  program = loop_program(fn, carry).lower(args, count).compile()  # (n: a runtime value)
+
+  def run(k):
+    return program(args, jnp.asarray(k, jnp.int32))
+
   long = n
-  while _median_wall(lambda k=long: program(args, k), 1) < min_seconds and long < 4096:
+  while _median_wall(lambda k=long: run(k), 1) < min_seconds and long < 4096:
     long *= 4
   short = max(1, long // 4)
-  t_short = _median_wall(lambda: program(args, short), repeats)
-  t_long = _median_wall(lambda: program(args, long), repeats)
-  return max(per_iteration(t_short, t_long, short, long), 0.0)
+  t_short = _median_wall(lambda: run(short), repeats)
+  t_long = _median_wall(lambda: run(long), repeats)
+  return max(per_iteration(t_short, t_long, short, long), 0.0), state_copies(program)
 
 
 def wall_time(fn: Callable[..., Any], args: tuple, *, repeats: int = 10) -> float:
@@ -180,7 +185,13 @@ def cupti_time(fn: Callable[..., Any], args: tuple, *, iterations: int = 20) -> 
 
 
 def device_time(
-  fn: Callable[..., Any], args: tuple, *, carry: int = 1, n: int = 20, min_seconds: float = 0.02
+  fn: Callable[..., Any],
+  args: tuple,
+  *,
+  carry: int = 1,
+  n: int = 20,
+  min_seconds: float = 0.02,
+  repeats: int = 5,
 ) -> tuple[float, str]:
   """``(seconds, method)``: CUPTI where it runs, else (or where CUPTI fails: the method
   then says why) the in-jit loop."""
@@ -190,6 +201,5 @@ def device_time(
       return cupti_time(fn, args, iterations=n), "cupti"
     except Exception as e:  # (a GPU run is rare: fall back, say so, keep going)
       why = f" (cupti failed: {type(e).__name__})"
-  seconds = loop_time(fn, args, carry=carry, n=n, min_seconds=min_seconds)
-  copies = state_copies(loop_program(fn, carry), args)
+  seconds, copies = loop_time(fn, args, carry=carry, n=n, min_seconds=min_seconds, repeats=repeats)
   return seconds, "loop" + (f" (+{copies} copy)" if copies else "") + why

@@ -103,7 +103,9 @@ def measure_case(
     times = {}
     for name, (fwd, fwd_bwd, args, cot_in) in impls.items():
       fn, fargs = (fwd, args) if pass_ == "forward" else (fwd_bwd, (*args, cot_in))
-      dev_s, method = devtime.device_time(fn, fargs, carry=1, n=n, min_seconds=min_seconds)
+      dev_s, method = devtime.device_time(
+        fn, fargs, carry=1, n=n, min_seconds=min_seconds, repeats=3 if n < 10 else 5
+      )
       wall_s = devtime.wall_time(fn, fargs, repeats=max(3, n // 2))
       faults = devtime.faults_per_call(fn, fargs, calls=3) if device.platform == "cpu" else None
       times[name] = (dev_s, wall_s, faults)

@@ -60,7 +60,7 @@ def test_no_output_is_copied_into_the_loop_state():
   program = devtime.loop_program(lambda x: x * 1.0001 + 0.5, carry=0)
   hlo = program.lower((x,), 4).compile().as_text()
   assert "f32[64,128]{1,0} copy" not in hlo  # (the loop counter's scalar copy is free)
-  assert devtime.state_copies(program, (x,)) == 0
+  assert devtime.state_copies(program.lower((x,), 4).compile()) == 0
   assert hlo.count("f32[64,128]{1,0} fusion(") == 2  # (the first call, the loop's body)
 
 
