@@ -43,7 +43,6 @@ from jaxnorm._dtypes import accumulation_dtype, real_dtype, standard_promotion, 
 from jaxnorm._stats import (
   Moments,
   Variance,
-  barrier_on_cpu,
   broadcast_mask,
   concrete_value,
   converted_apart,
@@ -322,10 +321,18 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   dy = dx * (gamma * r) + dyv.reshape(x.shape)
   if dbias is not None:
     dy = dy + dbias.astype(acc)
-  dy = dy.astype(y.dtype)
-  if gterm is not None:
-    gterm = gterm.reshape(x.shape).astype(y.dtype)
-    dy = dy + (gterm if y.dtype == acc else barrier_on_cpu(gterm))
+  if gterm is None:
+    dy = dy.astype(y.dtype)
+  else:
+
+    def on_cpu(dy, g):  # (the scale's reduction on its own reads of x: items 22-23)
+      g = g.astype(y.dtype)
+      return dy.astype(y.dtype) + (g if y.dtype == acc else lax.optimization_barrier(g))
+
+    def elsewhere(dy, g):  # (summed, then rounded: XLA:GPU then reads x once less, item 41)
+      return (dy + g).astype(y.dtype)
+
+    dy = lax.platform_dependent(dy, gterm.reshape(x.shape), cpu=on_cpu, default=elsewhere)
   kept = mean.shape
   dstats = Moments(
     dmean.reshape(kept).astype(mean.dtype),

@@ -227,11 +227,6 @@ def converted_apart(raw, dtype):
   return x, neg, -1.0
 
 
-def barrier_on_cpu(a):
-  """``a``, behind an optimization barrier on XLA:CPU only (see :func:`converted_apart`)."""
-  return lax.platform_dependent(a, cpu=lax.optimization_barrier, default=lambda a: a)
-
-
 def _checked_moments(raw, dtype, axes, inv_n, groups=None):
   """Mean and centred variance, from one parallel pass of ``Σx`` and ``Σx²`` when that is
   exact enough, else from a second, corrected pass over ``x − mean``.
