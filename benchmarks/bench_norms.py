@@ -154,6 +154,37 @@ def inputs(kind, shape, dtype):
   return (x, residual), (cot, jax.random.normal(jax.random.key(4), shape, jnp.float32))
 
 
+def module_forward(module, kind, fused_add):
+  """``forward(params, x, rest)`` of a norm module as the suite times it: BatchNorm
+  training with its statistics mutable (the output alone returned); Add & Norm as
+  jaxnorm's fused call (``fused_add``) or as Flax's add, then the norm."""
+  add = kind.startswith("add_")
+  mutable = ["batch_stats"] if kind == "batch_train" else False
+
+  def forward(params, x, rest):
+    v = {"params": params, **rest}
+    if add and fused_add:
+      return module.apply(v, x[0], residual=x[1])
+    if add:  # Flax: the add, then the norm
+      h = x[0].astype(jnp.float32) + x[1]
+      return module.apply(v, h), h
+    out = module.apply(v, x, mutable=mutable)
+    return out[0] if mutable else out
+
+  return forward
+
+
+def forward_backward(forward):
+  """``fwd_bwd(params, x, rest, cot)``: the output and the VJP of ``cot`` w.r.t. the
+  parameters and the input."""
+
+  def fwd_bwd(params, x, rest, cot):
+    y, vjp = jax.vjp(lambda p, x: forward(p, x, rest), params, x)
+    return y, vjp(cot)
+
+  return fwd_bwd
+
+
 def build(kind, x, dtype, cot, libs=None, pallas=False):
   """Returns {impl: (forward, fwd+bwd, args, cotangent)} for jaxnorm, flax, plain jnp and
   the peers in ``libs`` (:mod:`peers`; each is first checked to compute Flax's output);
@@ -176,18 +207,7 @@ def build(kind, x, dtype, cot, libs=None, pallas=False):
         "var": jnp.full_like(variables["batch_stats"]["var"], 1.5),
       }
     rest = {k: v for k, v in variables.items() if k != "params"}
-    mutable = ["batch_stats"] if kind == "batch_train" else False
-
-    def forward(params, x, rest, module=module, mutable=mutable, name=name):
-      v = {"params": params, **rest}
-      if add and name.startswith("jaxnorm"):
-        return module.apply(v, x[0], residual=x[1])
-      if add:  # Flax: the add, then the norm
-        h = x[0].astype(jnp.float32) + x[1]
-        return module.apply(v, h), h
-      out = module.apply(v, x, mutable=mutable)
-      return out[0] if mutable else out
-
+    forward = module_forward(module, kind, fused_add=name.startswith("jaxnorm"))
     impls[name] = (forward, variables["params"], rest)
   plain = _plain(kind, dtype)
   params = dict(impls["flax"][1])
@@ -204,12 +224,8 @@ def build(kind, x, dtype, cot, libs=None, pallas=False):
   # evaluation step (closed over, XLA would fold them into constants).
   out = {}
   for name, (forward, params, rest) in impls.items():
-
-    def fwd_bwd(params, x, rest, cot, forward=forward):
-      y, vjp = jax.vjp(lambda p, x: forward(p, x, rest), params, x)
-      return y, vjp(cot)
-
     x_in, cot_in = inputs_of[name]
+    fwd_bwd = forward_backward(forward)
     out[name] = (jax.jit(forward), jax.jit(fwd_bwd), (params, x_in, rest), cot_in)
   _check_peers(kind, out, dtype)
   return out

@@ -128,6 +128,24 @@ def _fmt(c):
   return "/".join(str(c[op]) for op in COLLECTIVES)
 
 
+def _forward_and_step(m, v):
+  """A module's forward (its statistics mutable where it has them) and a
+  forward+backward w.r.t. its parameters and input, as functions of ``(v, x)``."""
+  mutable = ["batch_stats"] if "batch_stats" in v else False
+
+  def fwd(v, x):
+    return m.apply(v, x, mutable=mutable)
+
+  def step(v, x):
+    def loss(p, x):
+      out = m.apply({**v, "params": p}, x, mutable=mutable)
+      return jnp.sum(jnp.sin(out[0] if mutable else out))
+
+    return jax.grad(loss, argnums=(0, 1))(v["params"], x)
+
+  return fwd, step
+
+
 def collectives():
   print("\n## Collectives under GSPMD, 8 devices: all-reduce/all-gather/permute/all-to-all\n")
   print("| mode | norm | layout | jaxnorm fwd | Flax fwd | jaxnorm fwd+bwd | Flax fwd+bwd |")
@@ -140,21 +158,9 @@ def collectives():
       for lib in (jaxnorm, nn):
         m = make(lib)
         v = m.init(jax.random.key(0), x)
-        mutable = ["batch_stats"] if "batch_stats" in v else False
-
-        def fwd(v, x, m=m, mutable=mutable):
-          return m.apply(v, x, mutable=mutable)
-
-        def step(v, x, m=m, mutable=mutable):
-          def loss(p, x):
-            out = m.apply({**v, "params": p}, x, mutable=mutable)
-            return jnp.sum(jnp.sin(out[0] if mutable else out))
-
-          return jax.grad(loss, argnums=(0, 1))(v["params"], x)
-
         with jax.set_mesh(mesh):
           xs = jax.device_put(x, NamedSharding(mesh, spec))
-          hlo = [jax.jit(f).lower(v, xs).compile().as_text() for f in (fwd, step)]
+          hlo = [jax.jit(f).lower(v, xs).compile().as_text() for f in _forward_and_step(m, v)]
         cells.append([count_ops(h) for h in hlo])
       (jf, js), (ff, fs) = cells
       layout = ",".join(str(s) for s in spec)
@@ -176,24 +182,6 @@ READS = [  # (name, constructor per library, shape)
 ]
 
 
-def _one_device_programs(make, lib, x):
-  m = make(lib)
-  v = m.init(jax.random.key(0), x)
-  mutable = ["batch_stats"] if "batch_stats" in v else False
-
-  def fwd(v, x):
-    return m.apply(v, x, mutable=mutable)
-
-  def step(v, x):
-    def loss(p, x):
-      out = m.apply({**v, "params": p}, x, mutable=mutable)
-      return jnp.sum(jnp.sin(out[0] if mutable else out))
-
-    return jax.grad(loss, argnums=(0, 1))(v["params"], x)
-
-  return [jax.jit(f).lower(v, x).compile() for f in (fwd, step)]
-
-
 def reads():
   print("\n## Reads of x: XLA:CPU's bytes accessed / |x|, one device, jaxnorm / Flax\n")
   print("| dtype | norm | fwd bytes | fwd fusions | fwd conditionals | fwd+bwd bytes |")
@@ -203,7 +191,9 @@ def reads():
       x = jnp.asarray(np.random.default_rng(0).normal(size=shape), dtype)
       cells = []
       for lib in (jaxnorm, nn):
-        progs = _one_device_programs(make, lib, x)
+        m = make(lib)
+        v = m.init(jax.random.key(0), x)
+        progs = [jax.jit(f).lower(v, x).compile() for f in _forward_and_step(m, v)]
         cost = [p.cost_analysis() for p in progs]
         cost = [c[0] if isinstance(c, list) else c for c in cost]
         texts = [p.as_text() for p in progs]

@@ -20,6 +20,7 @@ checks that).
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -57,14 +58,18 @@ def _next_input(x: Any, outputs: Any) -> tuple[Any, list]:
   well-scaled input to the next norm, and taking it adds no operation, hence no traffic),
   or, where none matches, ``x`` plus the sum of every output (a reduction, but no output
   can then be dead code)."""
-  pool = list(jax.tree.leaves(outputs))
+  leaves = jax.tree.leaves(outputs)
+  pool = list(leaves)
+
+  @functools.cache
+  def total():  # (once, however many inputs take it)
+    return sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in leaves)
 
   def one(a):
     for k, leaf in enumerate(pool):
       if leaf.shape == a.shape and leaf.dtype == a.dtype:
         return pool.pop(k)
-    total = sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(outputs))
-    return (a.astype(jnp.float32) + total).astype(a.dtype)
+    return (a.astype(jnp.float32) + total()).astype(a.dtype)
 
   return jax.tree.map(one, x), pool
 

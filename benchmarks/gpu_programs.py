@@ -170,28 +170,13 @@ def _programs(kind, shape, dtype, mesh):
     x0 = x_cpu[0] if isinstance(x_cpu, tuple) else x_cpu
     module = bench_norms._module(lib, kind, len(shape), dt)
     variables = jax.eval_shape(
-      lambda m=module, x0=x0: bench_norms._module(nn, kind, len(shape), dt).init(
+      lambda x0=x0: bench_norms._module(nn, kind, len(shape), dt).init(
         jax.random.key(0), jnp.zeros(x0.shape, x0.dtype)
       )
     )
     rest = {k: v for k, v in variables.items() if k != "params"}
-    mutable = ["batch_stats"] if kind == "batch_train" else False
-    add = kind.startswith("add_")
-
-    def forward(params, x, rest, module=module, mutable=mutable, name=name, add=add):
-      v = {"params": params, **rest}
-      if add and name == "jaxnorm":
-        return module.apply(v, x[0], residual=x[1])
-      if add:
-        h = x[0].astype(jnp.float32) + x[1]
-        return module.apply(v, h), h
-      y = module.apply(v, x, mutable=mutable)
-      return y[0] if mutable else y
-
-    def fwd_bwd(params, x, rest, cot, forward=forward):
-      y, vjp = jax.vjp(lambda p, x: forward(p, x, rest), params, x)
-      return y, vjp(cot)
-
+    forward = bench_norms.module_forward(module, kind, fused_add=name == "jaxnorm")
+    fwd_bwd = bench_norms.forward_backward(forward)
     args = abstract((variables["params"], x_cpu, rest))
     for pass_, fn, a in (
       ("forward", forward, args),

@@ -188,13 +188,13 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
     variance = Variance.TWO_PASS
   elif not differentiated and cfg.channel_groups is not None:
     variance = Variance.TWO_PASS  # (no cond, Flax's reads of x: items 37 and 39)
-  else:
-    variance = Variance.SHIFTED if differentiated else variance
-  if variance is not Variance.CHECKED and not fused_rows:
+  elif differentiated:
+    variance = Variance.SHIFTED
+  if cfg.channel_groups is not None and variance is not Variance.CHECKED:
     # Sliced from x itself, not from its view: XLA:CPU then reads them once (item 11).
-    if cfg.channel_groups is not None:  # (without, the statistics slice their own shifts)
-      shift = shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups)
-      shift = None if shift is None else tuple(map(v, shift))
+    # (Without groups the statistics slice their own shifts.)
+    shift = shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups)
+    shift = None if shift is None else tuple(map(v, shift))
   stats = group_moments(v(x), v(mask), v.config(cfg), variance, shift)
   x = x.astype(cfg.dtype)
   kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))

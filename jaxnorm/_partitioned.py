@@ -84,9 +84,8 @@ def _op(axes: tuple[int, ...], method: Any, dtype: str, ndim: int) -> Any:
 
   @jax.custom_batching.custom_vmap
   def batched(raw):
-    if _explicit_mesh(raw) is not None:
-      return _explicit(compute, axes, raw)
-    return op(raw)
+    mesh = _explicit_mesh(raw)
+    return op(raw) if mesh is None else _explicit(compute, axes, raw, mesh)
 
   @batched.def_vmap
   def _batched_rule(axis_size, in_batched, raw):
@@ -152,12 +151,11 @@ def _explicit_mesh(raw: Any) -> Any:
   return None if uneven or all(size == 1 for size in sizes) else mesh
 
 
-def _explicit(compute: Any, axes: tuple[int, ...], raw: jax.Array) -> jax.Array:
+def _explicit(compute: Any, axes: tuple[int, ...], raw: jax.Array, mesh: Any) -> jax.Array:
   """The partitioned op's computation where x's type names its sharding (explicit
   sharding, where jax leaves a ``custom_partitioning`` op unpartitioned): a ``shard_map``
   over that sharding, every shard's own statistics (its checks local) combined as
-  :func:`_combined` does."""
-  mesh = _explicit_mesh(raw)
+  :func:`_combined` does; ``mesh``: :func:`_explicit_mesh`'s."""
   spec = _spec(jax.typeof(raw).sharding, raw.ndim)
   names = tuple(n for a in axes for n in _names(spec[a]))
   out = P(None, *(None if a in axes else spec[a] for a in range(raw.ndim)))
