@@ -6,7 +6,12 @@ The pure functions hold all the maths: :func:`normalize`, :func:`layer_norm`,
 small-batch family :func:`batch_renorm`, :func:`frozen_batch_norm` (:mod:`jaxnorm._batch`);
 :func:`moments`, :func:`update_running_average` and :func:`debiased_average`
 (:mod:`jaxnorm._stats`); the weight
-reparameterizations :func:`weight_norm` and :func:`spectral_norm` (:mod:`jaxnorm._weights`).
+reparameterizations :func:`weight_norm` and :func:`spectral_norm` (:mod:`jaxnorm._weights`);
+the norms without group statistics :func:`dyt`, :func:`l2_normalize`,
+:func:`local_response_norm` (:mod:`jaxnorm._pointwise`) and the adaptive ones,
+:func:`modulate`, :func:`gated_residual`, :func:`adaptive_layer_norm`,
+:func:`adaptive_rms_norm`, :func:`adaptive_instance_norm`,
+:func:`conditional_batch_norm_step` (:mod:`jaxnorm._adaptive`).
 The Flax linen modules (:class:`BatchNorm`, :class:`LayerNorm`, :class:`RMSNorm`,
 :class:`GroupNorm`, :class:`InstanceNorm`, :class:`BatchRenorm`, :class:`FrozenBatchNorm`,
 and the wrappers :class:`SpectralNorm`, :class:`WeightNorm`) are drop-in replacements for
@@ -16,6 +21,14 @@ same modules for ``flax.nnx``; :mod:`jaxnorm.convert` imports PyTorch's norms an
 """
 
 from jaxnorm import convert, nnx
+from jaxnorm._adaptive import (
+  adaptive_instance_norm,
+  adaptive_layer_norm,
+  adaptive_rms_norm,
+  conditional_batch_norm_step,
+  gated_residual,
+  modulate,
+)
 from jaxnorm._batch import (
   SingleValueWarning,
   batch_norm,
@@ -34,6 +47,7 @@ from jaxnorm._norms import (
   normalize,
   rms_norm,
 )
+from jaxnorm._pointwise import dyt, l2_normalize, local_response_norm
 from jaxnorm._stats import Moments, debiased_average, moments, update_running_average
 from jaxnorm._weights import spectral_norm, weight_norm
 from jaxnorm.fold import batch_norm_epsilons, fold_batch_norm, fold_batch_norms, freeze_batch_norm
@@ -63,6 +77,9 @@ __all__ = [
   "SingleValueWarning",
   "SpectralNorm",
   "WeightNorm",
+  "adaptive_instance_norm",
+  "adaptive_layer_norm",
+  "adaptive_rms_norm",
   "add_layer_norm",
   "add_rms_norm",
   "batch_norm",
@@ -70,15 +87,21 @@ __all__ = [
   "batch_norm_step",
   "batch_renorm",
   "batch_renorm_step",
+  "conditional_batch_norm_step",
   "convert",
   "debiased_average",
+  "dyt",
   "fold_batch_norm",
   "fold_batch_norms",
   "freeze_batch_norm",
   "frozen_batch_norm",
+  "gated_residual",
   "group_norm",
   "instance_norm",
+  "l2_normalize",
   "layer_norm",
+  "local_response_norm",
+  "modulate",
   "moments",
   "nnx",
   "normalize",

@@ -26,7 +26,7 @@ from jaxnorm._dtypes import accumulation_dtype, output_dtype, promote
 Array = jax.Array
 
 
-def l2_normalize(x: Any, axes: Axes | None = None, epsilon: float = 1e-12) -> Array:
+def unit_l2(x: Any, axes: Axes | None = None, epsilon: float = 1e-12) -> Array:
   """``x / sqrt(Σ |x|² + ε)`` over ``axes`` (all axes when None), in at least float32.
 
   Flax's formula (ε inside the root, so a zero vector gives zero, not NaN). The result is in
@@ -80,7 +80,7 @@ def weight_norm(
   weight = jnp.asarray(weight)
   features = () if feature_axes is None else canonicalize_axes(feature_axes, weight.ndim)
   out_dtype = output_dtype(weight, scale, dtype=dtype)
-  y = l2_normalize(weight, complement(features, weight.ndim), epsilon)
+  y = unit_l2(weight, complement(features, weight.ndim), epsilon)
   if scale is not None:
     scale = jnp.asarray(scale)
     want = tuple(weight.shape[a] for a in features)
@@ -171,8 +171,8 @@ def spectral_norm(
   mm = lambda a, b: jnp.matmul(a, b, precision=lax.Precision.HIGHEST)  # noqa: E731
   u_k = u.astype(compute)
   for _ in range(n_steps):
-    v_k = l2_normalize(mm(u_k, m.T), epsilon=epsilon)
-    u_k = l2_normalize(mm(v_k, m), epsilon=epsilon)
+    v_k = unit_l2(mm(u_k, m.T), epsilon=epsilon)
+    u_k = unit_l2(mm(v_k, m), epsilon=epsilon)
   u_k = lax.stop_gradient(u_k)
   v_k = lax.stop_gradient(v_k)
   sigma = mm(mm(v_k, m), u_k.T)[0, 0]

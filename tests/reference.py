@@ -223,3 +223,74 @@ def spectral_norm(w, u, n_steps=1, eps=1e-12):
     u = l2(v @ m)
   sigma = float((v @ m @ u.T)[0, 0])
   return (m / sigma).reshape(w.shape), u, sigma, v
+
+
+# --- modern norms (issue 35) ---------------------------------------------------------------
+
+
+def dyt(x, alpha, gamma=None, beta=None, feature_axes=-1):
+  """Dynamic Tanh: γ·tanh(α·x) + β (α a scalar or one per feature)."""
+  x = _f64(x)
+  feat = tuple(a % x.ndim for a in np.atleast_1d(feature_axes))
+  alpha = _f64(alpha)
+  shape = [x.shape[a] if a in feat else 1 for a in range(x.ndim)]
+  alpha = alpha.reshape(shape) if alpha.size > 1 else alpha.reshape(())
+  return _affine(np.tanh(alpha * x), gamma, beta, feat)
+
+
+def l2_normalize(x, axis=-1, eps=1e-12):
+  """PyTorch's F.normalize: x / max(‖x‖₂, ε)."""
+  x = _f64(x)
+  norm = np.sqrt((np.abs(x) ** 2).sum(axis, keepdims=True))
+  return x / np.maximum(norm, eps)
+
+
+def local_response_norm(x, size, alpha=1e-4, beta=0.75, k=1.0, channel_axis=-1):
+  """b_c = a_c / (k + α/n·Σ a_{c'}²)^β, c' from c − n//2 to c + (n − 1)//2 (zero outside)."""
+  x = np.moveaxis(_f64(x), channel_axis, -1)
+  channels = x.shape[-1]
+  out = np.empty_like(x)
+  for c in range(channels):
+    lo, hi = max(0, c - size // 2), min(channels, c + (size - 1) // 2 + 1)
+    total = (x[..., lo:hi] ** 2).sum(-1)
+    out[..., c] = x[..., c] / (k + alpha / size * total) ** beta
+  return np.moveaxis(out, -1, channel_axis)
+
+
+def per_sample(value, ndim, feature_axes=(-1,)):
+  """A (batch, *features) value laid out to broadcast against a rank-``ndim`` input."""
+  value = _f64(value)
+  feat = [a % ndim for a in np.atleast_1d(feature_axes)]
+  shape = [1] * ndim
+  shape[0] = value.shape[0]
+  for i, a in enumerate(feat):
+    shape[a] = value.shape[1 + i]
+  return value.reshape(shape)
+
+
+def modulate(x, shift=None, scale=None, zero_centered=True):
+  """x·(1 + scale) + shift (or x·scale + shift), shift/scale already broadcastable."""
+  y = _f64(x)
+  if scale is not None:
+    y = y * ((1.0 + _f64(scale)) if zero_centered else _f64(scale))
+  if shift is not None:
+    y = y + _f64(shift)
+  return y
+
+
+def adaptive_instance_norm(content, style, channel_axis=-1, eps=1e-5):
+  """AdaIN: σ(style)·(content − μ(content))/σ(content) + μ(style), per sample and channel."""
+  content, style = _f64(content), _f64(style)
+  c = channel_axis % content.ndim
+  spatial = tuple(a for a in range(1, content.ndim) if a != c)
+  mx, vx, _ = stats(content, spatial)
+  my, vy, _ = stats(style, spatial)
+  return np.sqrt(vy + eps) * (content - mx) / np.sqrt(vx + eps) + my
+
+
+def conditional_batch_norm(x, labels, gamma, beta, axis=-1, eps=1e-5):
+  """Training-mode conditional BatchNorm: shared batch statistics, γ[label], β[label]."""
+  y, mean, var = batch_norm(x, axis=axis, eps=eps)
+  g = per_sample(_f64(gamma)[labels], y.ndim, axis)
+  b = per_sample(_f64(beta)[labels], y.ndim, axis)
+  return y * g + b, mean, var
