@@ -15,7 +15,9 @@ the norms without group statistics :func:`dyt`, :func:`l2_normalize`,
 The Flax linen modules (:class:`BatchNorm`, :class:`LayerNorm`, :class:`RMSNorm`,
 :class:`GroupNorm`, :class:`InstanceNorm`, :class:`BatchRenorm`, :class:`FrozenBatchNorm`,
 and the wrappers :class:`SpectralNorm`, :class:`WeightNorm`) are drop-in replacements for
-``flax.linen``'s and thin layers over them; :mod:`jaxnorm.nnx` holds the
+``flax.linen``'s and thin layers over them, beside the modern norms Flax lacks
+(:class:`DyT`, :class:`AdaLayerNorm`, :class:`AdaRMSNorm`, :class:`ConditionalBatchNorm`,
+:class:`LocalResponseNorm`); :mod:`jaxnorm.nnx` holds the
 same modules for ``flax.nnx``; :mod:`jaxnorm.convert` imports PyTorch's norms and
 :mod:`jaxnorm.fold` folds or freezes BatchNorm after training.
 """
@@ -52,12 +54,17 @@ from jaxnorm._stats import Moments, debiased_average, moments, update_running_av
 from jaxnorm._weights import spectral_norm, weight_norm
 from jaxnorm.fold import batch_norm_epsilons, fold_batch_norm, fold_batch_norms, freeze_batch_norm
 from jaxnorm.linen import (
+  AdaLayerNorm,
+  AdaRMSNorm,
   BatchNorm,
   BatchRenorm,
+  ConditionalBatchNorm,
+  DyT,
   FrozenBatchNorm,
   GroupNorm,
   InstanceNorm,
   LayerNorm,
+  LocalResponseNorm,
   RMSNorm,
   SpectralNorm,
   WeightNorm,
@@ -66,12 +73,17 @@ from jaxnorm.linen import (
 __version__ = "0.1.0"
 
 __all__ = [
+  "AdaLayerNorm",
+  "AdaRMSNorm",
   "BatchNorm",
   "BatchRenorm",
+  "ConditionalBatchNorm",
+  "DyT",
   "FrozenBatchNorm",
   "GroupNorm",
   "InstanceNorm",
   "LayerNorm",
+  "LocalResponseNorm",
   "Moments",
   "RMSNorm",
   "SingleValueWarning",

@@ -153,11 +153,14 @@ def gated_residual(
     )
   out = output_dtype(residual, update, gate, dtype=dtype)
   features = _features(update, feature_axes)
-  gated = update.astype(out) if gate is None else _modulated(update, None, gate, features, False, out)
-  return residual.astype(out) + gated
+  if gate is None:
+    return residual.astype(out) + update.astype(out)
+  return residual.astype(out) + _modulated(update, None, gate, features, False, out)
 
 
-def _adaptive(norm: Callable[..., jax.Array], x, shift, scale, feature_axes, settings) -> Any:
+def _adaptive(
+  norm: Callable[..., jax.Array], x: Any, shift: Any, scale: Any, feature_axes: Axes, settings: dict
+) -> jax.Array:
   """``modulate(norm(x))``: ``x̂`` kept in the statistics' dtype in between."""
   x = jnp.asarray(x)
   features = _features(x, feature_axes)
@@ -343,8 +346,73 @@ def modulation(
     c = activation(c)
   h = c @ kernel.astype(compute)
   if bias is not None:
-    h = h + jnp.asarray(bias).astype(compute)
+    h = h + jnp.asarray(bias).astype(compute)[None]
   return jnp.split(h, chunks, axis=-1)
+
+
+def adaptive_norm(
+  x: jax.Array,
+  condition: jax.Array,
+  kernel: jax.Array,
+  bias: jax.Array | None,
+  *,
+  rms: bool = False,
+  use_gate: bool = True,
+  activation: Callable[[jax.Array], jax.Array] | None = jax.nn.silu,
+  reduction_axes: Axes = -1,
+  feature_axes: Axes = -1,
+  epsilon: float = 1e-6,
+  mask: jax.Array | None = None,
+  axis_name: Any = None,
+  axis_index_groups: Any = None,
+  dtype: Any = None,
+  force_float32_reductions: bool = True,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+  """AdaLN-Zero's layer, as a pure function: the conditioning projection
+  (:func:`modulation`), then :func:`adaptive_layer_norm` (or :func:`adaptive_rms_norm` with
+  ``rms=True``): ``(y, gate)`` with ``use_gate``, else ``y``.
+
+  Args:
+    x: the input, batch first.
+    condition: ``(batch, condition features)``.
+    kernel: ``(condition features, chunks·F)`` with ``F`` the number of features and
+      ``chunks`` 3 with the gate, 2 without (outputs in DiT's order: shift, scale, gate).
+    bias: ``(chunks·F,)`` or None.
+    rms: modulate an RMSNorm instead of a LayerNorm.
+    use_gate: also return the gate, ``(batch, *features)``, for :func:`gated_residual`.
+    activation: applied to the condition before the projection (DiT's SiLU), or None.
+    reduction_axes, feature_axes, epsilon, mask, axis_name, axis_index_groups, dtype,
+      force_float32_reductions: as in :func:`adaptive_layer_norm` (``dtype`` is also the
+      projection's computation dtype).
+
+  Returns:
+    ``(y, gate)`` or ``y``.
+  """
+  x = jnp.asarray(x)
+  features = _features(x, feature_axes)
+  feature_shape = tuple(x.shape[a] for a in features)
+  chunks = 3 if use_gate else 2
+  width = int(np.prod(feature_shape))
+  if jnp.ndim(kernel) != 2 or jnp.shape(kernel)[1] != chunks * width:
+    raise ValueError(
+      f"the conditioning kernel must have shape (condition features, {chunks}·{width}) "
+      f"({chunks} outputs — shift, scale{', gate' if use_gate else ''} — of the {width} "
+      f"features of an input of shape {x.shape}), got {jnp.shape(kernel)}."
+    )
+  parts = modulation(condition, kernel, bias, chunks, activation, dtype=dtype)
+  if parts[0].shape[0] != x.shape[0]:
+    raise ValueError(
+      f"the condition has a batch of {parts[0].shape[0]} but the input {x.shape[0]} (shape "
+      f"{x.shape}); pass one condition per sample."
+    )
+  shift, scale, *gate = (p.reshape(p.shape[0], *feature_shape) for p in parts)
+  norm = adaptive_rms_norm if rms else adaptive_layer_norm
+  y = norm(
+    x, shift, scale, reduction_axes=reduction_axes, feature_axes=features, epsilon=epsilon,
+    mask=mask, axis_name=axis_name, axis_index_groups=axis_index_groups, dtype=dtype,
+    force_float32_reductions=force_float32_reductions,
+  )  # fmt: skip
+  return (y, gate[0]) if use_gate else y
 
 
 def class_parameters(name: str, table: Any, labels: Any) -> jax.Array:

@@ -126,6 +126,19 @@ def check_renorm_schedule(
       )
 
 
+def merge_use_running_average(attribute: bool | None, argument: bool | None) -> bool:
+  """A Linen BatchNorm-family module's mode, given exactly once: as the attribute or in
+  the call."""
+  if (attribute is None) == (argument is None):
+    got = "neither" if attribute is None else f"both ({attribute} and {argument})"
+    raise ValueError(
+      f"BatchNorm needs use_running_average exactly once, in the constructor or in the "
+      f"call, but got {got}; e.g. BatchNorm(use_running_average=not train) or "
+      f"bn(x, use_running_average=not train)."
+    )
+  return bool(attribute if argument is None else argument)
+
+
 def check_step(momentum: Any, num_batches_tracked: Any = None) -> None:
   """A BatchNorm step's momentum: in [0, 1] when concrete, or None (PyTorch's cumulative
   average) with the counter of updates."""

@@ -183,4 +183,3 @@ def local_response_norm(
     sums = sum(lax.slice_in_dim(padded, i, i + n, axis=c) for i in range(size))
     div = (k + (alpha / size) * sums) ** beta
     return (xc / div).astype(out)
-

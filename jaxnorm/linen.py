@@ -34,6 +34,7 @@ from jaxnorm._batch import (
   check_track_running_stats,
   counts_batches,
   frozen_batch_norm,
+  merge_use_running_average,
   renorm_schedule,
   renorm_training,
   step,
@@ -41,6 +42,13 @@ from jaxnorm._batch import (
 )
 from jaxnorm._config import Config, configure
 from jaxnorm._dtypes import running_stats_dtypes
+from jaxnorm._modern_linen import (  # noqa: F401 (the Linen set)
+  AdaLayerNorm,
+  AdaRMSNorm,
+  ConditionalBatchNorm,
+  DyT,
+  LocalResponseNorm,
+)
 from jaxnorm._stats import check_momentum
 from jaxnorm._wrappers_linen import SpectralNorm, WeightNorm  # noqa: F401 (the Linen set)
 
@@ -64,17 +72,6 @@ def _layer_name(module: nn.Module) -> str:
   """The module's class and path (``BatchNorm 'block1/bn'``), for warnings."""
   path = "/".join(module.path)
   return f"{type(module).__name__} {path!r}" if path else type(module).__name__
-
-
-def _merge_use_running_average(attribute: bool | None, argument: bool | None) -> bool:
-  if (attribute is None) == (argument is None):
-    got = "neither" if attribute is None else f"both ({attribute} and {argument})"
-    raise ValueError(
-      f"BatchNorm needs use_running_average exactly once, in the constructor or in the "
-      f"call, but got {got}; e.g. BatchNorm(use_running_average=not train) or "
-      f"bn(x, use_running_average=not train)."
-    )
-  return bool(attribute if argument is None else argument)
 
 
 def _batch_norm_variables(module: Any, x: jax.Array) -> tuple[Any, ...]:
@@ -208,7 +205,7 @@ class BatchNorm(nn.BatchNorm):
     """
     use_ra = False  # without running statistics the mode changes nothing
     if self.track_running_stats:
-      use_ra = _merge_use_running_average(self.use_running_average, use_running_average)
+      use_ra = merge_use_running_average(self.use_running_average, use_running_average)
     x = jnp.asarray(x)
     variables = _batch_norm_variables(self, x)
     _, _, ra_mean, ra_var, scale, bias = variables
@@ -284,7 +281,7 @@ class BatchRenorm(nn.BatchNorm):
     """Normalizes ``x``: renormalized batch statistics in training (updating ``mean``,
     ``var`` and ``steps``), the running averages otherwise; arguments as in
     :meth:`BatchNorm.__call__`."""
-    use_ra = _merge_use_running_average(self.use_running_average, use_running_average)
+    use_ra = merge_use_running_average(self.use_running_average, use_running_average)
     x = jnp.asarray(x)
     variables = _batch_norm_variables(self, x)
     _, _, ra_mean, ra_var, scale, bias = variables

@@ -25,6 +25,10 @@ Differences from ``flax.nnx`` (beyond those of the Linen modules, see the README
 repeats them along axis 1, which is wrong when ``reduction_axes`` keeps more than one axis);
 ``BatchNorm`` can keep statistics of another shape than ``(num_features,)``
 (``reduction_axes`` with ``stats_shape``).
+
+The modern norms Flax lacks (:class:`DyT`, :class:`LocalResponseNorm`,
+:class:`AdaLayerNorm`, :class:`AdaRMSNorm`, :class:`ConditionalBatchNorm`,
+:mod:`jaxnorm._modern_nnx`) follow the same conventions without a Flax class to subclass.
 """
 
 from __future__ import annotations
@@ -55,17 +59,29 @@ from jaxnorm._batch import (
 )
 from jaxnorm._config import configure
 from jaxnorm._dtypes import running_stats_dtypes
+from jaxnorm._modern_nnx import (
+  AdaLayerNorm,
+  AdaRMSNorm,
+  ConditionalBatchNorm,
+  DyT,
+  LocalResponseNorm,
+)
 from jaxnorm._stats import check_momentum
 from jaxnorm._wrappers_nnx import SpectralNorm, WeightNorm
 from jaxnorm.fold import batch_norm_labels
 
 __all__ = [
+  "AdaLayerNorm",
+  "AdaRMSNorm",
   "BatchNorm",
   "BatchRenorm",
+  "ConditionalBatchNorm",
+  "DyT",
   "FrozenBatchNorm",
   "GroupNorm",
   "InstanceNorm",
   "LayerNorm",
+  "LocalResponseNorm",
   "RMSNorm",
   "SpectralNorm",
   "WeightNorm",
