@@ -168,14 +168,32 @@ def spectral_norm(
     )
   compute = promote(weight.dtype, u.dtype, jnp.float32)
   m = matrix.astype(compute)
-  mm = lambda a, b: jnp.matmul(a, b, precision=lax.Precision.HIGHEST)  # noqa: E731
-  u_k = u.astype(compute)
-  for _ in range(n_steps):
-    v_k = unit_l2(mm(u_k, m.T), epsilon=epsilon)
-    u_k = unit_l2(mm(v_k, m), epsilon=epsilon)
-  u_k = lax.stop_gradient(u_k)
-  v_k = lax.stop_gradient(v_k)
-  sigma = mm(mm(v_k, m), u_k.T)[0, 0]
-  w_bar = (m / jnp.where(sigma != 0, sigma, 1)).reshape(weight.shape)
+  u_k, v_k = power_iteration(m, u.astype(compute), n_steps, epsilon)
+  sigma = sigma_of(m, u_k, v_k)
+  w_bar = divided(m, sigma).reshape(weight.shape)
   out_dtype = output_dtype(weight, u, dtype=dtype)
   return w_bar.astype(out_dtype), u_k.astype(u.dtype), sigma.astype(u.dtype)
+
+
+def _matmul(a: Array, b: Array) -> Array:
+  return jnp.matmul(a, b, precision=lax.Precision.HIGHEST)
+
+
+def power_iteration(m: Array, u: Array, n_steps: int, epsilon: float) -> tuple[Array, Array]:
+  """``n_steps >= 1`` steps of power iteration on the matrix ``m`` (``(a, b)``) from ``u``
+  (``(1, b)``): ``v = ℓ2(u mᵀ)``, ``u = ℓ2(v m)``; returns ``(u, v)``, held constant for
+  differentiation."""
+  for _ in range(n_steps):
+    v = unit_l2(_matmul(u, m.T), epsilon=epsilon)
+    u = unit_l2(_matmul(v, m), epsilon=epsilon)
+  return lax.stop_gradient(u), lax.stop_gradient(v)
+
+
+def sigma_of(m: Array, u: Array, v: Array) -> Array:
+  """The singular value estimate ``σ = v m uᵀ`` (differentiable in ``m``)."""
+  return _matmul(_matmul(v, m), u.T)[0, 0]
+
+
+def divided(m: Array, sigma: Array) -> Array:
+  """``m / σ``; a zero ``σ`` (an all-zero weight) leaves ``m`` unchanged."""
+  return m / jnp.where(sigma != 0, sigma, 1)

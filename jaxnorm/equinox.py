@@ -19,6 +19,11 @@ debiased without Equinox's inflated variance (:func:`jaxnorm.debiased_average`),
 small-batch family (ghost batches through ``virtual_batch_size``, :class:`BatchRenorm`,
 :class:`FrozenBatchNorm`), and clear errors.
 
+The weight wrappers :class:`SpectralNorm` and :class:`WeightNorm` subclass ``eqx.nn``'s
+too; the modern norms Equinox lacks (:class:`DyT`, :class:`AdaLayerNorm`,
+:class:`AdaRMSNorm`, :class:`ConditionalBatchNorm`, :class:`LocalResponseNorm`) follow its
+conventions (:mod:`jaxnorm._modern_equinox`).
+
 Equinox is an optional dependency: ``pip install "jaxnorm[equinox]"``; only this module
 imports it.
 """
@@ -50,16 +55,32 @@ from jaxnorm._batch import (
   renorm_schedule,
   training,
 )
+from jaxnorm._modern_equinox import (
+  AdaLayerNorm,
+  AdaRMSNorm,
+  ConditionalBatchNorm,
+  DyT,
+  LocalResponseNorm,
+  SpectralNorm,
+  WeightNorm,
+)
 from jaxnorm._norms import group_norm, layer_norm, rms_norm
 from jaxnorm._stats import check_momentum, debiased_average, moments, update_running_average
 
 __all__ = [
+  "AdaLayerNorm",
+  "AdaRMSNorm",
   "BatchNorm",
   "BatchRenorm",
+  "ConditionalBatchNorm",
+  "DyT",
   "FrozenBatchNorm",
   "GroupNorm",
   "LayerNorm",
+  "LocalResponseNorm",
   "RMSNorm",
+  "SpectralNorm",
+  "WeightNorm",
   "freeze_batch_norms",
 ]
 
