@@ -200,7 +200,7 @@ class AdaLayerNorm(eqx.Module):
     self.linear = eqx.tree_at(
       lambda lin: (lin.weight, lin.bias),
       linear,
-      (jnp.zeros_like(linear.weight), jnp.zeros_like(linear.bias)),
+      (jnp.zeros_like(linear.weight), jnp.zeros((width,), linear.weight.dtype)),
     )
     self.features, self.eps, self.use_gate, self.activation = features, eps, use_gate, activation
 

@@ -87,6 +87,7 @@ class LocalResponseNorm(nnx.Module):
 
   Args:
     size, alpha, beta, k, channel_axis, dtype: as in :class:`jaxnorm.LocalResponseNorm`.
+    rngs: accepted and unused (there is no parameter).
   """
 
   def __init__(
@@ -98,7 +99,9 @@ class LocalResponseNorm(nnx.Module):
     k: float = 1.0,
     channel_axis: int = -1,
     dtype: Dtype | None = None,
+    rngs: nnx.Rngs | None = None,
   ):
+    del rngs  # (accepted for a uniform constructor; nothing is random)
     self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
     self.channel_axis = channel_axis
     self.dtype = dtype

@@ -1,5 +1,8 @@
 """From PyTorch: a norm layer (the module itself, or its ``state_dict``) as jaxnorm
-variables and constructor arguments.
+variables and constructor arguments (:func:`from_torch`, :func:`norms_from_state_dict`:
+the norms, DyT's ``DynamicTanh`` and ``LocalResponseNorm`` included), and weight- or
+spectral-normalized ``Linear``/``Conv`` layers as jaxnorm's wrappers
+(:func:`wrapped_from_torch`).
 
 No import of ``torch``: a module is read through its attributes and ``state_dict()``, and
 arrays can be tensors or anything NumPy reads. What a converter must get right and the
@@ -38,9 +41,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from jaxnorm._convert_layers import TorchWrapped, wrapped_from_torch
+from jaxnorm._convert_layers import tensor_to_numpy as _numpy
 from jaxnorm._dtypes import promote, real_dtype
 
-__all__ = ["TorchNorm", "from_torch", "norms_from_state_dict", "torch_epsilon", "torch_kind"]
+__all__ = [
+  "TorchNorm",
+  "TorchWrapped",
+  "from_torch",
+  "norms_from_state_dict",
+  "torch_epsilon",
+  "torch_kind",
+  "wrapped_from_torch",
+]
 
 KINDS = (
   "BatchNorm1d",
@@ -56,6 +69,8 @@ KINDS = (
   "InstanceNorm3d",
   "RMSNorm",
   "RMSNorm2d",
+  "DynamicTanh",
+  "LocalResponseNorm",
 )
 TORCH_EPS = 1e-5  # every PyTorch norm's default
 # Other libraries' norm classes by class name, as the kind they compute: torchvision's
@@ -64,6 +79,8 @@ TORCH_EPS = 1e-5  # every PyTorch norm's default
 # by their class hierarchy; these names come first, as some subclass nn.LayerNorm to
 # normalize the channel axis instead.
 ALIASES = {
+  "DyT": "DynamicTanh",  # the DyT paper's reference class is DynamicTanh
+  "LigerDyT": "DynamicTanh",  # Liger-Kernel's (gamma/beta for weight/bias)
   "FrozenBatchNormAct2d": "FrozenBatchNorm2d",
   "LayerNorm2dFp32": "LayerNorm2d",
   "LayerNormAct2d": "LayerNorm2d",
@@ -85,7 +102,10 @@ _KEYS = {
   "GroupNorm": ("weight", "bias"),
   "LayerNorm": ("weight", "bias"),
   "RMSNorm": ("weight",),
+  "DyT": ("alpha", "weight", "bias"),
+  "LocalResponseNorm": (),
 }
+_FAMILIES = {"SyncBatchNorm": "BatchNorm", "DynamicTanh": "DyT"}
 _DEFAULTS = dict(eps=TORCH_EPS, momentum=0.1, num_groups=None, normalized_shape=None,
                  num_features=None)  # fmt: skip
 # The module attributes read from a PyTorch module, by from_torch's option they fill.
@@ -151,18 +171,6 @@ def torch_epsilon(eps: float | None, dtype: Any = jnp.float32) -> float:
   return float(jnp.finfo(promote(real_dtype(dtype), jnp.float32)).eps)
 
 
-def _numpy(value: Any) -> np.ndarray:
-  """A tensor (without importing torch: ``detach``/``float``/``numpy`` duck-typed) or any
-  array-like as a NumPy array; a bfloat16 tensor, which NumPy cannot hold, becomes an
-  ``ml_dtypes`` bfloat16 array (as JAX's)."""
-  if hasattr(value, "detach"):
-    value = value.detach().cpu()
-    if str(value.dtype) == "torch.bfloat16":
-      return value.float().numpy().astype(jnp.bfloat16)
-    return value.numpy()
-  return np.asarray(value)
-
-
 def torch_kind(module: Any) -> str | None:
   """The kind (one of ``KINDS``) of a PyTorch module, by its class or, for a subclass of a
   norm (timm's ``BatchNormAct2d``, ``GroupNorm1``), its base classes; ``ALIASES`` name
@@ -177,7 +185,7 @@ def torch_kind(module: Any) -> str | None:
 
 def _family(kind: str) -> str:
   """Which entries a kind has and how it converts: BatchNorm, FrozenBatchNorm, ..."""
-  return "BatchNorm" if kind == "SyncBatchNorm" else next(f for f in _KEYS if kind.startswith(f))
+  return _FAMILIES.get(kind) or next(f for f in _KEYS if kind.startswith(f))
 
 
 def _own_entries(module: Any) -> dict[str, Any]:
@@ -258,7 +266,7 @@ def _check_keys(kind, family, state_dict):
         f"{list(_KEYS[family])}; pass the complete state_dict of the layer."
       )
   pairs = [("running_mean", "running_var")]
-  if family not in ("LayerNorm", "RMSNorm"):  # (LayerNorm(bias=False): a weight alone)
+  if family not in ("LayerNorm", "RMSNorm", "DyT"):  # (LayerNorm(bias=False): a weight alone)
     pairs.append(("weight", "bias"))
   for a, b in pairs:
     if (a in state_dict) != (b in state_dict):
@@ -407,7 +415,7 @@ def from_torch(
 def _convert(kind, state_dict, options, channels_first, torch_training, prefix=None):
   """:func:`from_torch`'s conversion, without its warning (``prefix``: the module's name
   in the model, for errors)."""
-  carried = None
+  carried = source = None
   if not isinstance(kind, str):
     given = [k for k, v in options.items() if k != "dtype" and v != _DEFAULTS[k]]
     if state_dict is not None or given:
@@ -417,6 +425,7 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
         f"them only with a class name: from_torch('BatchNorm2d', state_dict, eps=...)."
       )
     carried = _carried(kind)
+    source = kind
     kind, state_dict = _from_module(kind, options, prefix)
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS} (PyTorch's class name), got {kind!r}.")
@@ -424,7 +433,12 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
     raise TypeError(f"from_torch({kind!r}, ...) needs the layer's state_dict.")
   family = _family(kind)
   arrays = {k: _numpy(v) for k, v in state_dict.items() if v is not None}
+  if family == "DyT":  # (Liger's names)
+    arrays = {{"gamma": "weight", "beta": "bias"}.get(k, k): v for k, v in arrays.items()}
   _check_keys(kind, family, arrays)  # (a None entry counts as missing)
+  if family in ("DyT", "LocalResponseNorm"):
+    layer = _pointwise(kind, family, arrays, source, channels_first)
+    return layer._replace(activation=carried)
   eps, momentum, dtype = options["eps"], options["momentum"], options["dtype"]
   weight, bias = arrays.get("weight"), arrays.get("bias")
   x64 = jax.config.read("jax_enable_x64")
@@ -494,6 +508,35 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
   nnx_kw = dict(num_features=math.prod(shape), **kw)
   module = "RMSNorm" if kind == "RMSNorm" else "LayerNorm"
   return TorchNorm(module, kw, nnx_kw, _vars(params), carried)
+
+
+def _pointwise(kind, family, arrays, source, channels_first):
+  """DyT (the paper's ``DynamicTanh``, Liger's ``LigerDyT``) and ``LocalResponseNorm``."""
+  if family == "LocalResponseNorm":
+    if source is None:
+      raise TypeError(
+        "LocalResponseNorm has no state_dict entries to convert from: pass the module "
+        "itself, from_torch(model.lrn), whose size, alpha, beta and k are read."
+      )
+    kw = dict(size=int(source.size), alpha=float(source.alpha), beta=float(source.beta),
+              k=float(source.k), channel_axis=1 if channels_first else -1)  # fmt: skip
+    return TorchNorm("LocalResponseNorm", kw, dict(kw), {})
+  if "alpha" not in arrays:
+    raise ValueError(f"{kind}'s state_dict lacks 'alpha', its learned scalar.")
+  weight, bias = arrays.get("weight"), arrays.get("bias")
+  alpha = arrays["alpha"].reshape(())
+  params = {"alpha": alpha}
+  params.update({k: v for k, v in (("scale", weight), ("bias", bias)) if v is not None})
+  # The reference DynamicTanh(channels_last=False) scales channels-first (NCHW) inputs.
+  channels_last = bool(getattr(source, "channels_last", True))
+  axis = -1 if channels_last or not channels_first else 1
+  kw = dict(alpha_init_value=float(alpha), use_scale=weight is not None,
+            use_bias=bias is not None, feature_axes=axis,
+            param_dtype=jnp.dtype(alpha.dtype))  # fmt: skip
+  features = next((v.shape[0] for v in (weight, bias) if v is not None), None)
+  if features is None:
+    raise ValueError(f"{kind} without weight and bias: build jaxnorm.DyT by hand.")
+  return TorchNorm("DyT", kw, dict(num_features=int(features), **kw), _vars(params))
 
 
 def _features(kind, arrays, num_features):
