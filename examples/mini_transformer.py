@@ -5,12 +5,15 @@ The corpus is the Book of Genesis in the King James Version (public domain, 197 
 model is a GPT-style stack of causal self-attention and MLP blocks with jaxnorm's LayerNorm
 or RMSNorm, placed before each sublayer (Pre-LN, the default, with a final norm; each norm
 is an Add & Norm that also adds the previous sublayer's output to the residual stream) or
-after each residual addition (``--post-ln``, the original Transformer's placement). The model is
-written with the Linen modules (``--api linen``, the default) and with ``jaxnorm.nnx``
-(``--api nnx``).
+after each residual addition (``--post-ln``, the original Transformer's placement).
+``--qk-norm head`` adds QK-norm as Qwen3 and Gemma 3 do (an RMSNorm of the queries and of
+the keys over ``head_dim``, per head); ``--qk-norm flat`` as OLMo 2 does (over all heads'
+features at once). The model is written with the Linen modules (``--api linen``, the
+default) and with ``jaxnorm.nnx`` (``--api nnx``).
 
   python examples/mini_transformer.py --norm layer --steps 800 --out results/mini_transformer
   python examples/mini_transformer.py --api nnx --norm rms
+  python examples/mini_transformer.py --qk-norm head --lr 1e-2
 
 Prints a progress bar, a generated sample and, as its last stdout line, one JSON object
 with the final metrics; saves a plot of the training and validation loss into ``--out``.
@@ -36,6 +39,34 @@ from jaxnorm import nnx as jnnx
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "genesis_kjv.txt")
 NORMS = ("layer", "rms")
+QK_NORMS = ("none", "head", "flat")
+
+
+def qk_norm_axes(qk_norm: str) -> tuple[int, ...]:
+  """The axes of queries and keys ``(B, T, heads, head_dim)`` their RMSNorm reduces over:
+  ``head_dim`` per head (Qwen3, Gemma 3) or every head's features at once (OLMo 2)."""
+  if qk_norm not in QK_NORMS[1:]:
+    raise ValueError(f"--qk-norm must be one of {QK_NORMS}, got {qk_norm!r}")
+  return (-1,) if qk_norm == "head" else (-2, -1)
+
+
+class QKNormAttention(nn.Module):
+  """Causal self-attention with QK-norm: queries and keys RMS-normalized (a learned scale of
+  the reduced axes' shape) before their dot products."""
+
+  dim: int
+  heads: int
+  qk_norm: str
+
+  @nn.compact
+  def __call__(self, h, mask):
+    shape = (self.heads, self.dim // self.heads)
+    q, k, v = (nn.DenseGeneral(shape, name=n)(h) for n in ("query", "key", "value"))
+    axes = qk_norm_axes(self.qk_norm)  # (jaxnorm reduces over both axes without a reshape)
+    q = jaxnorm.RMSNorm(reduction_axes=axes, feature_axes=axes, name="query_norm")(q)
+    k = jaxnorm.RMSNorm(reduction_axes=axes, feature_axes=axes, name="key_norm")(k)
+    y = nn.dot_product_attention(q, k, v, mask=mask)
+    return nn.DenseGeneral(self.dim, axis=(-2, -1), name="out")(y)
 
 
 def make_norm(kind: str):
@@ -60,10 +91,13 @@ class Block(nn.Module):
   heads: int
   norm: str
   post_ln: bool
+  qk_norm: str = "none"
 
   @nn.compact
   def __call__(self, x, mask, pending=None):
     def attention(h):
+      if self.qk_norm != "none":
+        return QKNormAttention(self.dim, self.heads, self.qk_norm)(h, mask)
       return nn.MultiHeadDotProductAttention(self.heads, qkv_features=self.dim)(h, h, mask=mask)
 
     def mlp(h):
@@ -90,6 +124,7 @@ class CharTransformer(nn.Module):
   layers: int = 3
   norm: str = "layer"
   post_ln: bool = False
+  qk_norm: str = "none"
 
   @nn.compact
   def __call__(self, tokens):
@@ -99,7 +134,8 @@ class CharTransformer(nn.Module):
     mask = nn.make_causal_mask(tokens)
     pending = None
     for _ in range(self.layers):
-      x, pending = Block(self.dim, self.heads, self.norm, self.post_ln)(x, mask, pending)
+      block = Block(self.dim, self.heads, self.norm, self.post_ln, self.qk_norm)
+      x, pending = block(x, mask, pending)
     if not self.post_ln:
       x = (
         make_norm(self.norm)(x) if pending is None else make_norm(self.norm)(pending, residual=x)[0]
@@ -116,11 +152,37 @@ def make_nnx_norm(kind: str, dim: int, rngs: nnx.Rngs):
   raise ValueError(f"--norm must be one of {NORMS}, got {kind!r}")
 
 
+class NNXAttention(nnx.Module):
+  """Self-attention as an NNX module: Flax's, or :class:`QKNormAttention`'s."""
+
+  def __init__(self, dim: int, heads: int, qk_norm: str, *, rngs: nnx.Rngs):
+    self.qk_norm = qk_norm
+    if qk_norm == "none":
+      self.mha = nnx.MultiHeadAttention(heads, dim, qkv_features=dim, decode=False, rngs=rngs)
+      return
+    shape = (heads, dim // heads)
+    self.qkv = nnx.List(nnx.LinearGeneral(dim, shape, rngs=rngs) for _ in range(3))
+    self.out = nnx.LinearGeneral(shape, dim, axis=(-2, -1), rngs=rngs)
+    axes = qk_norm_axes(qk_norm)
+    features = shape[-1] if len(axes) == 1 else dim
+    self.norms = nnx.List(
+      jnnx.RMSNorm(features, reduction_axes=axes, feature_axes=axes, rngs=rngs) for _ in range(2)
+    )
+
+  def __call__(self, h, mask):
+    if self.qk_norm == "none":
+      return self.mha(h, h, mask=mask)
+    q, k, v = (proj(h) for proj in self.qkv)
+    q, k = self.norms[0](q), self.norms[1](k)
+    return self.out(nnx.dot_product_attention(q, k, v, mask=mask))
+
+
 class NNXBlock(nnx.Module):
   """:class:`Block` as an NNX module."""
 
-  def __init__(self, dim: int, heads: int, norm: str, post_ln: bool, *, rngs: nnx.Rngs):
-    self.attention = nnx.MultiHeadAttention(heads, dim, qkv_features=dim, decode=False, rngs=rngs)
+  def __init__(self, dim: int, heads: int, norm: str, post_ln: bool, qk_norm: str = "none", *,
+               rngs: nnx.Rngs):  # fmt: skip
+    self.attention = NNXAttention(dim, heads, qk_norm, rngs=rngs)
     self.up, self.down = nnx.Linear(dim, 4 * dim, rngs=rngs), nnx.Linear(4 * dim, dim, rngs=rngs)
     self.norms = nnx.List(make_nnx_norm(norm, dim, rngs) for _ in range(2))
     self.post_ln = post_ln
@@ -128,7 +190,7 @@ class NNXBlock(nnx.Module):
   def __call__(self, x, mask, pending=None):
     """As :class:`Block`: ``(stream, pending)``, Pre-LN on Add & Norm."""
     sublayers = (
-      lambda h: self.attention(h, h, mask=mask),
+      lambda h: self.attention(h, mask),
       lambda h: self.down(nnx.gelu(self.up(h))),
     )
     for sublayer, norm in zip(sublayers, self.norms, strict=True):
@@ -146,13 +208,15 @@ class NNXCharTransformer(nnx.Module):
   """:class:`CharTransformer` as an NNX module."""
 
   def __init__(self, vocab, context=64, dim=128, heads=4, layers=3, norm="layer",
-               post_ln=False, *, rngs: nnx.Rngs):  # fmt: skip
+               post_ln=False, qk_norm="none", *, rngs: nnx.Rngs):  # fmt: skip
     self.context = context
     self.tokens, self.positions = (
       nnx.Embed(vocab, dim, rngs=rngs),
       nnx.Embed(context, dim, rngs=rngs),
     )
-    self.blocks = nnx.List(NNXBlock(dim, heads, norm, post_ln, rngs=rngs) for _ in range(layers))
+    self.blocks = nnx.List(
+      NNXBlock(dim, heads, norm, post_ln, qk_norm, rngs=rngs) for _ in range(layers)
+    )
     self.final = None if post_ln else make_nnx_norm(norm, dim, rngs)
     self.readout = nnx.Linear(dim, vocab, rngs=rngs)
 
@@ -264,6 +328,7 @@ def train(
   progress: bool = True,
   history: bool = False,
   api: str = "linen",
+  qk_norm: str = "none",
 ) -> dict:
   """Trains the model and returns the final metrics (also printed as the last JSON line);
   with ``history``, the returned dict (not the printed line) also holds the loss curves."""
@@ -273,7 +338,7 @@ def train(
     0.0, lr, min(100, steps // 10 + 1), steps, lr * 0.05
   )
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
-  shape = dict(layers=layers, norm=norm, post_ln=post_ln)
+  shape = dict(layers=layers, norm=norm, post_ln=post_ln, qk_norm=qk_norm)
   if api == "linen":
     model = CharTransformer(len(alphabet), context, dim, **shape)
     train_step, eval_loss, next_logits = linen_trainer(model, seed, tx)
@@ -288,7 +353,7 @@ def train(
   def validate():
     return float(np.mean([eval_loss(x, y) for x, y in val_set]))
 
-  name = f"{norm}{'-post' if post_ln else '-pre'}"
+  name = f"{norm}{'-post' if post_ln else '-pre'}{'' if qk_norm == 'none' else '-qk-' + qk_norm}"
   initial = validate()
   val_curve, train_curve, window = [initial], [], []
   start = time.perf_counter()
@@ -310,6 +375,7 @@ def train(
     norm=norm,
     api=api,
     post_ln=post_ln,
+    qk_norm=qk_norm,
     initial_loss=initial,
     final_loss=val_curve[-1],
     steps=steps,
@@ -333,6 +399,8 @@ def main(argv=None):
   ap.add_argument("--norm", choices=NORMS, default="layer")
   ap.add_argument("--api", choices=("linen", "nnx"), default="linen", help="Flax front end")
   ap.add_argument("--post-ln", action="store_true", help="norm after each residual addition")
+  qk_help = "RMSNorm of queries and keys: per head (Qwen3) or flattened (OLMo 2)"
+  ap.add_argument("--qk-norm", choices=QK_NORMS, default="none", help=qk_help)
   ap.add_argument("--steps", type=int, default=800)
   ap.add_argument("--batch-size", type=int, default=32)
   ap.add_argument("--context", type=int, default=64)
@@ -354,6 +422,7 @@ def main(argv=None):
     args.seed,
     out=args.out,
     api=args.api,
+    qk_norm=args.qk_norm,
   )
 
 

@@ -6,6 +6,7 @@ import os
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -135,16 +136,31 @@ def test_mini_transformer_smoke(capsys, tmp_path):
 def test_mini_transformer_nnx(capsys):
   result = mini_transformer.train(
     "rms", steps=30, dim=32, layers=1, context=16, eval_every=10, out=None, progress=False,
-    sample_length=5, api="nnx",
+    sample_length=5, api="nnx", qk_norm="flat",
   )  # fmt: skip
   assert _last_json_line(capsys) == result
   assert result["api"] == "nnx" and result["final_loss"] < 0.9 * result["initial_loss"]
+
+
+def test_qk_norm_scales_have_the_reduced_axes_shape():
+  """Per head (Qwen3, Gemma 3): one scale of head_dim; flattened (OLMo 2): heads × head_dim."""
+  tokens = jnp.zeros((1, 8), jnp.int32)
+  for qk_norm, shape in (("head", (8,)), ("flat", (4, 8))):
+    model = mini_transformer.CharTransformer(10, 8, 32, layers=1, qk_norm=qk_norm)
+    params = model.init(jax.random.key(0), tokens)["params"]
+    attention = params["Block_0"]["QKNormAttention_0"]
+    assert attention["query_norm"]["scale"].shape == shape
+    assert attention["key_norm"]["scale"].shape == shape
+  nnx_model = mini_transformer.NNXCharTransformer(10, 8, 32, layers=1, qk_norm="flat",
+                                                  rngs=nnx.Rngs(0))  # fmt: skip
+  assert nnx_model.blocks[0].attention.norms[0].scale.shape == (32,)  # (laid onto (4, 8))
 
 
 def test_mini_transformer_post_ln_rms(capsys):
   result = mini_transformer.train(
     "rms",
     post_ln=True,
+    qk_norm="head",
     steps=30,
     dim=32,
     layers=1,
