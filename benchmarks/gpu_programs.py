@@ -13,6 +13,10 @@ Needs the CUDA plugin (not a GPU), in its own environment:
   pip install "jax-cuda12-plugin[with-cuda]==<jax's version>" "jax-cuda12-pjrt==<same>"
   JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu PYTHONPATH=. \\
       python benchmarks/gpu_programs.py > benchmarks/results/gpu_programs.md
+
+``--modern`` compiles the modern norms instead (:mod:`bench_modern`'s forms: DyT, AdaLN and
+modulated RMSNorm, jaxnorm against the hand-written ``jnp`` forms):
+``> benchmarks/results/gpu_programs_modern.md``.
 """
 
 from __future__ import annotations
@@ -186,10 +190,48 @@ def _programs(kind, shape, dtype, mesh):
   return out, x0.size * dt.itemsize
 
 
+def modern(mesh):
+  """The modern norms' table: jaxnorm against the hand-written form, per kind and pass."""
+  import bench_modern  # noqa: PLC0415 (only for --modern)
+
+  rep = NamedSharding(mesh, P())
+  print("| norm | shape | dtype | forward kernels | forward bytes | fwd+bwd kernels | "
+        "fwd+bwd bytes |\n|---|---|---|---|---|---|---|")  # fmt: skip
+  rng = __import__("numpy").random.default_rng(0)
+  for kind in ("dyt", "adaln", "adarms"):
+    for shape in bench_modern.SHAPES.values():
+      for dtype in ("float32", "bfloat16"):
+        dt = jnp.dtype(dtype)
+        params = jax.tree.map(
+          lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep),
+          bench_modern.params_for(kind, shape, rng),
+        )
+        x = jax.ShapeDtypeStruct(shape, dt, sharding=rep)
+        forms = bench_modern.forms(kind)
+        cells = []
+        for pass_ in ("forward", "fwd+bwd"):
+          counted = []
+          for name in ("jaxnorm", "jnp"):
+            f = forms[name]
+            fn = f if pass_ == "forward" else bench_norms.forward_backward(f)
+            args = (params, x, None) if pass_ == "forward" else (params, x, None, x)
+            counted.append(kernels_and_bytes(jax.jit(fn).lower(*args).compile().as_text()))
+          (ka, ba), (kb, bb) = counted
+          nbytes = math.prod(shape) * dt.itemsize
+          flag = " **" if ka > kb or ba > 1.02 * bb else ""
+          cells += [f"{ka} / {kb}", f"{ba / nbytes:.2f} / {bb / nbytes:.2f}{flag}"]
+        shape_text = "×".join(map(str, shape))
+        print(f"| {kind} | {shape_text} | {dtype} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main():
   topology = topologies.get_topology_desc(platform="cuda", target_config=H100, topology="1x1x1")
   mesh = topologies.make_mesh(topology, (1,), ("d",))
   print(f"# XLA:GPU programs, compiled without a device for {topology.devices[0].device_kind}\n")
+  if "--modern" in sys.argv[1:]:
+    print(f"jax {jax.__version__}. The modern norms: jaxnorm / the hand-written jnp form")
+    print("(bench_modern.py); kernels and bytes over |x| as below.\n")
+    return modern(mesh)
   print(f"jax {jax.__version__}. Kernels: top-level launches (fusions, custom calls, copies,")
   print("reductions); bytes: every kernel's operands and results over |x|. jaxnorm / Flax.\n")
   print(

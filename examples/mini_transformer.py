@@ -2,18 +2,19 @@
 
 The corpus is the Book of Genesis in the King James Version (public domain, 197 KB,
 ``examples/data/genesis_kjv.txt``): the first 90 % trains, the last 10 % validates. The
-model is a GPT-style stack of causal self-attention and MLP blocks with jaxnorm's LayerNorm
-or RMSNorm, placed before each sublayer (Pre-LN, the default, with a final norm; each norm
-is an Add & Norm that also adds the previous sublayer's output to the residual stream) or
-after each residual addition (``--post-ln``, the original Transformer's placement).
-``--qk-norm head`` adds QK-norm as Qwen3 and Gemma 3 do (an RMSNorm of the queries and of
-the keys over ``head_dim``, per head); ``--qk-norm flat`` as OLMo 2 does (over all heads'
-features at once). The model is written with the Linen modules (``--api linen``, the
-default) and with ``jaxnorm.nnx`` (``--api nnx``).
+model is a GPT-style stack of causal self-attention and MLP blocks with jaxnorm's LayerNorm,
+RMSNorm or Dynamic Tanh (``--norm dyt``, Zhu et al. 2025: no statistics), placed before
+each sublayer (Pre-LN, the default, with a final norm; each norm is an Add & Norm that also
+adds the previous sublayer's output to the residual stream) or after each residual addition
+(``--post-ln``, the original Transformer's placement). ``--qk-norm head`` adds QK-norm as
+Qwen3 and Gemma 3 do (an RMSNorm of the queries and of the keys over ``head_dim``, per
+head); ``--qk-norm flat`` as OLMo 2 does (over all heads' features at once). The model is
+written with the Linen modules (``--api linen``, the default) and with ``jaxnorm.nnx``
+(``--api nnx``).
 
   python examples/mini_transformer.py --norm layer --steps 800 --out results/mini_transformer
   python examples/mini_transformer.py --api nnx --norm rms
-  python examples/mini_transformer.py --qk-norm head --lr 1e-2
+  python examples/mini_transformer.py --norm dyt --qk-norm head
 
 Prints a progress bar, a generated sample and, as its last stdout line, one JSON object
 with the final metrics; saves a plot of the training and validation loss into ``--out``.
@@ -38,7 +39,7 @@ import jaxnorm
 from jaxnorm import nnx as jnnx
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "genesis_kjv.txt")
-NORMS = ("layer", "rms")
+NORMS = ("layer", "rms", "dyt")
 QK_NORMS = ("none", "head", "flat")
 
 
@@ -70,12 +71,23 @@ class QKNormAttention(nn.Module):
 
 
 def make_norm(kind: str):
-  """LayerNorm or RMSNorm over the model dimension."""
+  """LayerNorm, RMSNorm or Dynamic Tanh (no statistics) over the model dimension."""
   if kind == "layer":
     return jaxnorm.LayerNorm()
   if kind == "rms":
     return jaxnorm.RMSNorm()
+  if kind == "dyt":
+    return jaxnorm.DyT()
   raise ValueError(f"--norm must be one of {NORMS}, got {kind!r}")
+
+
+def add_and_norm(norm, pending, x):
+  """``(norm(x + pending), x + pending)``: Add & Norm, one fused step for jaxnorm's
+  LayerNorm and RMSNorm; DyT, elementwise, has no statistics to fuse the addition with."""
+  if isinstance(norm, jaxnorm.DyT | jnnx.DyT):
+    h = x + pending
+    return norm(h), h
+  return norm(pending, residual=x)
 
 
 class Block(nn.Module):
@@ -109,7 +121,7 @@ class Block(nn.Module):
       elif pending is None:
         pending = sublayer(make_norm(self.norm)(x))
       else:
-        y, x = make_norm(self.norm)(pending, residual=x)
+        y, x = add_and_norm(make_norm(self.norm), pending, x)
         pending = sublayer(y)
     return x, pending
 
@@ -138,7 +150,9 @@ class CharTransformer(nn.Module):
       x, pending = block(x, mask, pending)
     if not self.post_ln:
       x = (
-        make_norm(self.norm)(x) if pending is None else make_norm(self.norm)(pending, residual=x)[0]
+        make_norm(self.norm)(x)
+        if pending is None
+        else add_and_norm(make_norm(self.norm), pending, x)[0]
       )
     return nn.Dense(self.vocab)(x)
 
@@ -149,6 +163,8 @@ def make_nnx_norm(kind: str, dim: int, rngs: nnx.Rngs):
     return jnnx.LayerNorm(dim, rngs=rngs)
   if kind == "rms":
     return jnnx.RMSNorm(dim, rngs=rngs)
+  if kind == "dyt":
+    return jnnx.DyT(dim, rngs=rngs)
   raise ValueError(f"--norm must be one of {NORMS}, got {kind!r}")
 
 
@@ -199,7 +215,7 @@ class NNXBlock(nnx.Module):
       elif pending is None:
         pending = sublayer(norm(x))
       else:
-        y, x = norm(pending, residual=x)
+        y, x = add_and_norm(norm, pending, x)
         pending = sublayer(y)
     return x, pending
 
@@ -227,7 +243,7 @@ class NNXCharTransformer(nnx.Module):
     for block in self.blocks:
       x, pending = block(x, mask, pending)
     if self.final is not None:
-      x = self.final(x) if pending is None else self.final(pending, residual=x)[0]
+      x = self.final(x) if pending is None else add_and_norm(self.final, pending, x)[0]
     return self.readout(x)
 
 

@@ -13,6 +13,7 @@ from flax import nnx
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"))
 import mini_cnn  # noqa: E402
+import mini_dit  # noqa: E402
 import mini_transformer  # noqa: E402
 
 
@@ -142,6 +143,15 @@ def test_mini_transformer_nnx(capsys):
   assert result["api"] == "nnx" and result["final_loss"] < 0.9 * result["initial_loss"]
 
 
+def test_mini_transformer_dyt(capsys):
+  """DyT in the Pre-LN stack (no Add & Norm to fuse: the addition comes first)."""
+  result = mini_transformer.train(
+    "dyt", steps=30, dim=32, layers=1, context=16, eval_every=10, out=None, progress=False,
+    sample_length=0,
+  )  # fmt: skip
+  assert result["norm"] == "dyt" and result["final_loss"] < 0.9 * result["initial_loss"]
+
+
 def test_qk_norm_scales_have_the_reduced_axes_shape():
   """Per head (Qwen3, Gemma 3): one scale of head_dim; flattened (OLMo 2): heads × head_dim."""
   tokens = jnp.zeros((1, 8), jnp.int32)
@@ -238,3 +248,28 @@ def test_port_resnet18_matches_pytorch(capsys):
   right = model.norm(use_running_average=True).apply(bn1, h)
   wrong = model.norm(use_running_average=True, axis=1).apply(bn1, h)
   assert np.abs(wrong - right).max() > 0.1 * np.abs(right).max()
+
+
+def test_mini_dit_smoke(capsys, tmp_path):
+  """Both conditionings train (the zero-initialised output predicts ε = 0 at first: loss 1),
+  sample every class and write their figures."""
+  mini_dit.main(["--steps", "30", "--dim", "16", "--depth", "1", "--timesteps", "10",
+                 "--eval-every", "15", "--per-class", "2", "--out", str(tmp_path)])  # fmt: skip
+  result = _last_json_line(capsys)
+  for name in ("adaln", "token"):
+    assert result[name]["val_loss"] < 0.9
+    assert 0 <= result[name]["class_accuracy"] <= 1
+    assert os.path.getsize(result[name]["samples"]) > 5_000
+  assert result["adaln"]["parameters"] > result["token"]["parameters"]  # the projections
+  assert os.path.getsize(result["plot"]) > 10_000
+
+
+def test_mini_dit_nnx_is_the_linen_model():
+  """The NNX model has the Linen model's parameter count, and trains."""
+  counts = []
+  for api in ("linen", "nnx"):
+    result = mini_dit.train(("adaln",), api, steps=10, dim=16, depth=1, timesteps=10,
+                            eval_every=10, per_class=1, out=None, progress=False)  # fmt: skip
+    counts.append(result["adaln"]["parameters"])
+    assert result["adaln"]["val_loss"] < 1.0
+  assert counts[0] == counts[1]
