@@ -87,10 +87,27 @@ def params_for(kind, shape, rng):
   return {k: jnp.asarray(rng.normal(0, 0.1, (b, d)), jnp.float32) for k in ("shift", "scale")}
 
 
+KINDS = ("dyt", "adaln", "adarms")
+
+
+def build(kind, shape, dtype, seed=0):
+  """``(x, {implementation: (jitted forward, jitted forward+backward, args, cotangent)})``,
+  the structure of :func:`bench_norms.build`, for :mod:`gpu_suite`."""
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.normal(2.0, 1.5, shape), dtype)
+  cot = jnp.asarray(rng.normal(size=shape), dtype)
+  p = params_for(kind, shape, rng)
+  impls = {
+    name: (jax.jit(f), jax.jit(forward_backward(f)), (p, x, None), cot)
+    for name, f in forms(kind).items()
+  }
+  return x, impls
+
+
 def run(repeats, shapes=SHAPES, dtypes=("float32", "bfloat16")):
   rows = []
   rng = np.random.default_rng(0)
-  for kind in ("dyt", "adaln", "adarms"):
+  for kind in KINDS:
     for shape_name, shape in shapes.items():
       for dtype in dtypes:
         x = jnp.asarray(rng.normal(2.0, 1.5, shape), dtype)

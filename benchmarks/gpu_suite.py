@@ -12,7 +12,9 @@ fraction of the copy bandwidth measured in the same run; then the whole training
 Shapes, named (``SUITE``): Llama rows (tokens × 4096, × 8192, bfloat16), GPT-2/ViT rows
 (× 768), Liger-Kernel's M = 4096 × N ∈ {1k, 2k, 4k, 8k, 16k} float32 LayerNorm, tokamax's
 768 × 768 × 128 bfloat16, ResNet-50 activations (NHWC bfloat16, 256 × 56 × 56 × 64 and
-256 × 14 × 14 × 1024) for BatchNorm and GroupNorm, a DiT/UNet GroupNorm map.
+256 × 14 × 14 × 1024) for BatchNorm and GroupNorm, a DiT/UNet GroupNorm map; and the
+modern norms Flax lacks (AdaLN and modulated RMSNorm at DiT-XL's tokens, DyT at Llama's
+rows), whose ``/Flax`` column is against the hand-written ``jnp`` form (``bench_modern.py``).
 
 Raw results (JSON and a Markdown table, with the device's name) go to
 ``benchmarks/results/<device>/``; ``--budget`` seconds bound the run (cases in ``SUITE``'s
@@ -35,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_modern  # noqa: E402
 import bench_norms  # noqa: E402
 import devtime  # noqa: E402
 import peers  # noqa: E402
@@ -55,8 +58,16 @@ SUITE = [  # (shape's name, norm, shape, dtype), in the order they run
   ("ResNet-50 conv2, 256 × 56 × 56 × 64", "group", (256, 56, 56, 64), BF16),
   ("DiT/UNet map, 16 × 64 × 64 × 320", "group", (16, 64, 64, 320), BF16),
   ("DiT/UNet map, 16 × 64 × 64 × 320", "instance", (16, 64, 64, 320), BF16),
+  # The modern norms against the hand-written jnp forms (bench_modern.py).
+  ("DiT-XL tokens, 32 × 256 × 1152", "adaln", (32, 256, 1152), BF16),
+  ("DiT-XL tokens, 32 × 256 × 1152", "adarms", (32, 256, 1152), BF16),
+  ("Llama rows, 8192 tokens × 4096", "dyt", (1, 8192, 4096), BF16),
 ]
-SMOKE = [("smoke rows", "add_rms", (2, 8, 128), BF16), ("smoke map", "group", (2, 4, 4, 64), F32)]
+SMOKE = [
+  ("smoke rows", "add_rms", (2, 8, 128), BF16),
+  ("smoke map", "group", (2, 4, 4, 64), F32),
+  ("smoke tokens", "adaln", (2, 8, 128), BF16),
+]
 PASSES = ("forward", "fwd+bwd")
 
 
@@ -90,10 +101,14 @@ def _floor_fns(x0):
 def measure_case(
   label, kind, shape, dtype, libs, n, device, copy_bw, min_seconds=0.02, pallas=True
 ):
-  """Rows for one shape and norm: every implementation, both passes."""
-  x, cot = bench_norms.inputs(kind, shape, dtype)
-  x0 = x[0] if isinstance(x, tuple) else x
-  impls = bench_norms.build(kind, x, dtype, cot, libs=libs, pallas=pallas)
+  """Rows for one shape and norm: every implementation, both passes; ``to_flax`` against
+  Flax's, or for the modern norms Flax lacks the hand-written ``jnp`` form's."""
+  if kind in bench_modern.KINDS:
+    x0, impls = bench_modern.build(kind, shape, dtype)
+  else:
+    x, cot = bench_norms.inputs(kind, shape, dtype)
+    x0 = x[0] if isinstance(x, tuple) else x
+    impls = bench_norms.build(kind, x, dtype, cot, libs=libs, pallas=pallas)
   rows = []
   for pass_ in PASSES:
     floor_fn, floor_args, model_bytes = _floor_fns(x0)[pass_]
@@ -109,7 +124,7 @@ def measure_case(
       wall_s = devtime.wall_time(fn, fargs, repeats=max(3, n // 2))
       faults = devtime.faults_per_call(fn, fargs, calls=3) if device.platform == "cpu" else None
       times[name] = (dev_s, wall_s, faults)
-    flax_s = times["flax"][0]
+    flax_s = times["flax" if "flax" in times else "jnp"][0]
     for name, (dev_s, wall_s, faults) in times.items():
       rows.append(
         dict(
