@@ -20,12 +20,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxnorm._axes import Axes, broadcast_shape, canonicalize_axes, instance_norm_axes
+from jaxnorm._axes import (
+  Axes,
+  broadcast_shape,
+  canonicalize_axes,
+  instance_norm_axes,
+  statistics_axes,
+)
 from jaxnorm._batch import batch_config, check_step, step, training
-from jaxnorm._config import options
+from jaxnorm._config import configure, options
 from jaxnorm._dtypes import accumulation_dtype, output_dtype, reduction_dtype
-from jaxnorm._kernel import check_epsilon, inverse_std
-from jaxnorm._norms import instance_norm, layer_norm, rms_norm
+from jaxnorm._kernel import affine_normalize, check_epsilon, inverse_std
 from jaxnorm._stats import concrete_value, moments
 
 
@@ -158,17 +163,19 @@ def gated_residual(
   return residual.astype(out) + _modulated(update, None, gate, features, False, out)
 
 
-def _adaptive(
-  norm: Callable[..., jax.Array], x: Any, shift: Any, scale: Any, feature_axes: Axes, settings: dict
-) -> jax.Array:
-  """``modulate(norm(x))``: ``x̂`` kept in the statistics' dtype in between."""
+def _adaptive(x: Any, shift: Any, scale: Any, feature_axes: Axes, settings: dict) -> jax.Array:
+  """The norm's kernel with ``1 + scale`` and ``shift`` as its per-sample ``γ``, ``β``
+  (computed in the statistics' dtype): one fused pass, as the norm with parameters (a
+  separate modulation wrote ``x̂`` out and read it again on XLA:CPU,
+  ``benchmarks/RESULTS.md``, item 42)."""
   x = jnp.asarray(x)
   features = _features(x, feature_axes)
-  dtype, force = settings["dtype"], settings["force_float32_reductions"]
-  out = output_dtype(x, shift, scale, dtype=dtype)
-  stats_dtype = reduction_dtype(x.dtype, dtype, force)
-  xhat = norm(x, None, None, feature_axes=features, **{**settings, "dtype": stats_dtype})
-  return _modulated(xhat, shift, scale, features, True, out)
+  reduced = statistics_axes(settings.pop("reduction_axes"), x.ndim, name="reduction_axes")
+  epsilon, mask = settings.pop("epsilon"), settings.pop("mask")
+  cfg = configure(x, reduced, features, shift, scale, **settings)
+  gamma = None if scale is None else 1 + conditioning("scale", scale, x.shape, features, cfg.dtype)
+  beta = None if shift is None else conditioning("shift", shift, x.shape, features, cfg.dtype)
+  return affine_normalize(x, gamma, beta, cfg, epsilon=epsilon, mask=mask)[0]
 
 
 def adaptive_layer_norm(
@@ -207,7 +214,7 @@ def adaptive_layer_norm(
       reduction_axes=reduction_axes, epsilon=epsilon, mask=mask,
       **options(dtype, force_float32_reductions, axis_name, axis_index_groups),
     )  # fmt: skip
-    return _adaptive(layer_norm, x, shift, scale, feature_axes, settings)
+    return _adaptive(x, shift, scale, feature_axes, settings)
 
 
 def adaptive_rms_norm(
@@ -244,9 +251,9 @@ def adaptive_rms_norm(
   with jax.named_scope("jaxnorm.adaptive_rms_norm"):
     settings = dict(
       reduction_axes=reduction_axes, epsilon=epsilon, mask=mask, epsilon_in_root=epsilon_in_root,
-      **options(dtype, force_float32_reductions, axis_name, axis_index_groups),
+      center=False, **options(dtype, force_float32_reductions, axis_name, axis_index_groups),
     )  # fmt: skip
-    return _adaptive(rms_norm, x, shift, scale, feature_axes, settings)
+    return _adaptive(x, shift, scale, feature_axes, settings)
 
 
 def adaptive_instance_norm(
@@ -302,12 +309,11 @@ def adaptive_instance_norm(
         f"{content.shape})."
       )
     eps = check_epsilon(epsilon)
-    out = output_dtype(content, style, dtype=dtype)
-    stats_dtype = reduction_dtype(content.dtype, style.dtype)
-    xhat = instance_norm(content, feature_axes=features, epsilon=eps, mask=mask, dtype=stats_dtype)
-    s = moments(style, spatial, mask=style_mask, dtype=stats_dtype, keepdims=True)
-    sigma = 1 / inverse_std(s.var, eps)
-    return _modulated(xhat, s.mean, sigma, features, False, out)
+    cfg = configure(content, spatial, features, style, dtype=dtype)
+    cfg = cfg._replace(dtype=reduction_dtype(content.dtype, style.dtype))
+    s = moments(style, spatial, mask=style_mask, dtype=cfg.dtype, keepdims=True)
+    sigma = 1 / inverse_std(s.var, eps)  # the style's, as the content's per-sample γ and β
+    return affine_normalize(content, sigma, s.mean, cfg, epsilon=eps, mask=mask)[0]
 
 
 def modulation(
