@@ -271,3 +271,53 @@ def test_conditional_batch_norm_updates_shared_statistics():
     use_running_average=False,
   )  # fmt: skip
   np.testing.assert_allclose(y2, y, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+  "name", ["dyt", "l2_normalize", "lrn", "modulate", "adaptive_layer_norm_masked",
+           "adaptive_rms_norm", "adaptive_instance_norm", "conditional_batch_norm"]
+)  # fmt: skip
+def test_strict_promotion_gives_the_standard_result(name):
+  """bfloat16 x with float32 parameters under ``jax_numpy_dtype_promotion="strict"``:
+  forward and gradient bit for bit the standard mode's (no TypePromotionError)."""
+  fn, _, _ = CASES[name]
+  args = _args(name, jnp.bfloat16)
+
+  def run():
+    y = jax.jit(fn)(*args)
+    grads = jax.jit(jax.grad(lambda *a: fn(*a).astype(jnp.float32).sum(), argnums=0))(*args)
+    return y, grads
+
+  with jax.numpy_dtype_promotion("standard"):
+    want = run()
+  with jax.numpy_dtype_promotion("strict"):
+    got = run()
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+def test_adaptive_norms_under_explicit_sharding():
+  """Batch and tokens sharded (``AxisType.Explicit``): AdaLN, modulated RMSNorm and the gate
+  run, keep the input's sharding, and give the unsharded values and gradients."""
+  from jax.sharding import AxisType, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+  data = _data()
+  x = np.concatenate([data["x"]] * 4, axis=1)[:2, :8]  # (2, 8, 8)
+  shift, scale = data["shift"][:2], data["scale"][:2]
+
+  def loss(x, shift, scale):
+    y = jaxnorm.adaptive_layer_norm(x, shift, scale) + jaxnorm.adaptive_rms_norm(x, shift, scale)
+    return jnp.sum(jnp.sin(jaxnorm.gated_residual(x, y, scale))), y
+
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+  (_, want_y), want = step(x, shift, scale)
+  with jax.set_mesh(mesh):
+    xs = jax.device_put(x, NamedSharding(mesh, P("data", "model", None)))
+    cs = [jax.device_put(a, NamedSharding(mesh, P("data", None))) for a in (shift, scale)]
+    (_, y), grads = step(xs, *cs)
+  assert tuple(y.sharding.spec)[:2] == ("data", "model")
+  np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
+  for got, w in zip(grads, want, strict=True):
+    np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-4)
