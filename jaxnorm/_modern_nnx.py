@@ -261,7 +261,9 @@ class ConditionalBatchNorm(nnx.Module):
       self.mean[...], self.var[...] = jax.lax.stop_gradient(updated)
     return y
 
-  def set_view(self, use_running_average: bool | None = None) -> None:
-    """``nnx.view``'s hook: sets the mode."""
+  def set_view(self, use_running_average: bool | None = None, **kwargs: Any) -> dict:
+    """``nnx.view``'s hook: sets the mode; returns the keywords it does not take (Flax
+    0.12.4 reads them; later versions pass only what a hook names)."""
     if use_running_average is not None:
       self.use_running_average = use_running_average
+    return kwargs
