@@ -198,9 +198,9 @@ def adaptive_layer_norm(
   Args:
     x: the input, batch first, e.g. ``(B, T, D)``.
     shift, scale: per sample ``(B, *features)`` (see :func:`modulate`), or None.
-    reduction_axes, feature_axes, epsilon, mask, axis_name, axis_index_groups, dtype,
-      force_float32_reductions: as in :func:`jaxnorm.layer_norm` (the output dtype also
-      promotes with ``shift`` and ``scale``).
+    reduction_axes, feature_axes, epsilon, mask: as in :func:`jaxnorm.layer_norm`.
+    axis_name, axis_index_groups, dtype, force_float32_reductions: as in
+      :func:`jaxnorm.layer_norm` (the output dtype also promotes with ``shift``, ``scale``).
 
   Returns:
     An array of ``x``'s shape.
@@ -238,8 +238,9 @@ def adaptive_rms_norm(
   Args:
     x: the input, batch first.
     shift, scale: per sample ``(B, *features)`` (see :func:`modulate`), or None.
-    reduction_axes, feature_axes, epsilon, epsilon_in_root, mask, axis_name,
-      axis_index_groups, dtype, force_float32_reductions: as in :func:`jaxnorm.rms_norm`.
+    reduction_axes, feature_axes, epsilon, epsilon_in_root, mask: as in
+      :func:`jaxnorm.rms_norm`.
+    axis_name, axis_index_groups, dtype, force_float32_reductions: the same.
 
   Returns:
     An array of ``x``'s shape.
@@ -387,9 +388,9 @@ def adaptive_norm(
     rms: modulate an RMSNorm instead of a LayerNorm.
     use_gate: also return the gate, ``(batch, *features)``, for :func:`gated_residual`.
     activation: applied to the condition before the projection (DiT's SiLU), or None.
-    reduction_axes, feature_axes, epsilon, mask, axis_name, axis_index_groups, dtype,
-      force_float32_reductions: as in :func:`adaptive_layer_norm` (``dtype`` is also the
-      projection's computation dtype).
+    reduction_axes, feature_axes, epsilon, mask: as in :func:`adaptive_layer_norm`.
+    axis_name, axis_index_groups, dtype, force_float32_reductions: the same (``dtype`` is
+      also the projection's computation dtype).
 
   Returns:
     ``(y, gate)`` or ``y``.
@@ -477,9 +478,10 @@ def conditional_batch_norm_step(
     labels: class indices ``(batch,)`` or class weights ``(batch, classes)``.
     scale: ``γ``, ``(classes, *features)``, or None.
     bias: ``β``, ``(classes, *features)``, or None.
-    running_mean, running_var, use_running_average, momentum, initializing, axis, epsilon,
-      mask, axis_name, axis_index_groups, dtype, force_float32_reductions: as in
+    running_mean, running_var, use_running_average, momentum, initializing: as in
       :func:`jaxnorm.batch_norm_step`.
+    axis, epsilon, mask, axis_name, axis_index_groups, dtype, force_float32_reductions: the
+      same.
     layer: the module's name, for warnings.
 
   Returns:

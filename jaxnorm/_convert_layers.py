@@ -10,7 +10,7 @@ Both PyTorch forms are read, without importing torch: the old hooks
 kernel ``(in, out)``, a ``ConvNd`` weight ``(out, in, *k)`` the kernel ``(*k, in, out)``;
 Flax's ``Conv`` takes channels-last inputs. PyTorch's spectral ``u`` (its left singular
 vector estimate) is Flax's ``u``; ``sigma`` is PyTorch's ``uᵀWv`` (see
-:func:`wrapped_from_torch` on the order of the iteration's two half-steps).
+:func:`jaxnorm.convert.wrapped_from_torch` on the order of the iteration's two half-steps).
 """
 
 from __future__ import annotations

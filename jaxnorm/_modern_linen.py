@@ -206,10 +206,11 @@ class ConditionalBatchNorm(nn.Module):
 
   Attributes:
     num_classes: the number of classes.
-    use_running_average, axis, momentum, epsilon, dtype, param_dtype, use_bias, use_scale,
-      bias_init, scale_init, axis_name, axis_index_groups, force_float32_reductions: as
-      in :class:`jaxnorm.BatchNorm` (the initializers get the ``(num_classes, *features)``
-      shape).
+    use_running_average, axis, momentum, epsilon, dtype, param_dtype: as in
+      :class:`jaxnorm.BatchNorm`.
+    use_bias, use_scale, bias_init, scale_init: the same (the initializers get the
+      ``(num_classes, *features)`` shape).
+    axis_name, axis_index_groups, force_float32_reductions: as in :class:`jaxnorm.BatchNorm`.
   """
 
   num_classes: int

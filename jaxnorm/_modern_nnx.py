@@ -41,8 +41,8 @@ class DyT(nnx.Module):
 
   Args:
     num_features: the size of the feature axis (``scale`` and ``bias`` have this shape).
-    alpha_init_value, use_bias, use_scale, feature_axes, dtype, param_dtype, scale_init,
-      bias_init: as in :class:`jaxnorm.DyT`.
+    alpha_init_value, use_bias, use_scale, feature_axes, dtype: as in :class:`jaxnorm.DyT`.
+    param_dtype, scale_init, bias_init: the same.
     rngs: the random keys of the initializers.
 
   State: ``alpha`` (shape ``()``), ``scale``, ``bias`` (``nnx.Param``; None when unused).
@@ -118,9 +118,9 @@ class AdaLayerNorm(nnx.Module):
   Args:
     num_features: the number of features modulated (the size of ``feature_axes``).
     condition_features: the condition's size, ``condition.shape[-1]``.
-    epsilon, use_gate, activation, use_bias, kernel_init, bias_init, reduction_axes,
-      feature_axes, dtype, param_dtype, axis_name, axis_index_groups: as in
+    epsilon, use_gate, activation, use_bias, kernel_init, bias_init: as in
       :class:`jaxnorm.AdaLayerNorm`.
+    reduction_axes, feature_axes, dtype, param_dtype, axis_name, axis_index_groups: the same.
     rngs: the random keys of the initializers.
 
   State: ``kernel`` ``(condition_features, chunks·num_features)`` and ``bias``, zeros by
@@ -193,8 +193,9 @@ class ConditionalBatchNorm(nnx.Module):
       num_features)``).
     use_running_average: the mode (default False; ``.eval()``, ``.train()`` and
       ``nnx.view`` set it, the call argument overrides it).
-    axis, momentum, epsilon, dtype, param_dtype, use_bias, use_scale, bias_init,
-      scale_init, axis_name, axis_index_groups: as in :class:`jaxnorm.nnx.BatchNorm`.
+    axis, momentum, epsilon, dtype, param_dtype, use_bias, use_scale: as in
+      :class:`jaxnorm.nnx.BatchNorm`.
+    bias_init, scale_init, axis_name, axis_index_groups: the same.
     rngs: the random keys of the initializers.
 
   State: ``mean``, ``var`` (``nnx.BatchStat``, float32), ``scale``, ``bias`` (``nnx.Param``).
