@@ -116,6 +116,13 @@ def compute_dtype(
   return jnp.dtype(stats_dtype)
 
 
+def accumulated(x: Any) -> jax.Array:
+  """``x`` in its :func:`accumulation_dtype` (at least float32; integers as float32): what
+  the pointwise norms and the weight reparameterizations compute in."""
+  x = jnp.asarray(x)
+  return x.astype(accumulation_dtype(x.dtype if jnp.issubdtype(x.dtype, jnp.inexact) else "f4"))
+
+
 def to_dtype(value: Any, dtype: Any) -> jax.Array:
   """``value`` in ``dtype``, or in its real dtype when ``value`` is real (real parameters
   and variances stay real next to complex data)."""

@@ -22,6 +22,7 @@ from jaxnorm._adaptive import adaptive_norm, conditional_batch_norm_step
 from jaxnorm._axes import Axes, batch_norm_axes, canonicalize_axes, kept_shape
 from jaxnorm._batch import merge_use_running_average
 from jaxnorm._dtypes import running_stats_dtypes
+from jaxnorm._linen_params import declare_affine
 from jaxnorm._pointwise import dyt, local_response_norm
 
 Initializer = Any
@@ -31,16 +32,6 @@ Dtype = Any
 def _feature_shape(x: jax.Array, feature_axes: Axes) -> tuple[int, ...]:
   axes = canonicalize_axes(feature_axes, jnp.ndim(x), name="feature_axes")
   return tuple(jnp.shape(x)[a] for a in axes)
-
-
-def _affine(module: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
-  """``scale`` then ``bias`` of ``shape``, each where the module uses it (Flax's order)."""
-  scale = bias = None
-  if module.use_scale:
-    scale = module.param("scale", module.scale_init, shape, module.param_dtype)
-  if module.use_bias:
-    bias = module.param("bias", module.bias_init, shape, module.param_dtype)
-  return scale, bias
 
 
 class DyT(nn.Module):
@@ -82,7 +73,7 @@ class DyT(nn.Module):
     """Applies ``γ·tanh(α·x) + β`` to ``x``."""
     shape = _feature_shape(x, self.feature_axes)
     alpha = self.param("alpha", initializers.constant(self.alpha_init_value), (), self.param_dtype)
-    scale, bias = _affine(self, shape)
+    scale, bias = declare_affine(self, shape, self.use_bias)
     return dyt(x, alpha, scale, bias, feature_axes=self.feature_axes, dtype=self.dtype)
 
 
@@ -249,7 +240,7 @@ class ConditionalBatchNorm(nn.Module):
     ra_mean = self.variable("batch_stats", "mean", jnp.zeros, stats_shape, mean_dtype)
     ra_var = self.variable("batch_stats", "var", jnp.ones, stats_shape, var_dtype)
     table = (self.num_classes, *(x.shape[a] for a in features))
-    scale, bias = _affine(self, table)
+    scale, bias = declare_affine(self, table, self.use_bias)
     y, updated = conditional_batch_norm_step(
       x, labels, scale, bias, ra_mean.value, ra_var.value, use_running_average=use_ra,
       momentum=self.momentum, initializing=self.is_initializing(), axis=self.axis,

@@ -15,31 +15,21 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxnorm._axes import Axes, broadcast_shape, canonicalize_axes
-from jaxnorm._dtypes import accumulation_dtype, output_dtype
-from jaxnorm._kernel import check_epsilon
+from jaxnorm._axes import Axes, canonicalize_axes
+from jaxnorm._dtypes import accumulated, output_dtype
+from jaxnorm._kernel import check_epsilon, operand
 
 
-def computed(x: Any) -> jax.Array:
-  """``x`` in the dtype the pointwise norms compute in: at least float32 (integers too)."""
-  x = jnp.asarray(x)
-  return x.astype(accumulation_dtype(x.dtype if jnp.issubdtype(x.dtype, jnp.inexact) else "f4"))
-
-
-def per_feature(
-  name: str, value: Any, shape: tuple[int, ...], features: tuple[int, ...], dtype: Any
-) -> jax.Array:
-  """``value`` of the feature shape (or a scalar), in ``dtype``, shaped to broadcast
-  against an input of ``shape``; another shape is an error that names both."""
-  value = jnp.asarray(value)
-  want = tuple(shape[a] for a in features)
-  if value.shape != want:
-    raise ValueError(
-      f"{name} has shape {value.shape}, but an input of shape {shape} has features of "
-      f"shape {want} along feature_axes {features}; pass a {name} of shape {want} (one "
-      f"value per feature) or change feature_axes."
-    )
-  return value.reshape(broadcast_shape(shape, features)).astype(dtype)
+def _per_feature(name: str, value: Any, shape: tuple[int, ...], features: tuple[int, ...],
+                 dtype: Any) -> jax.Array:  # fmt: skip
+  """``value`` of the feature shape, shaped to broadcast against an input of ``shape``
+  (the kernel's :func:`~jaxnorm._kernel.operand`, with this module's message)."""
+  error = (
+    f"{{name}} has shape {{got}}, but an input of shape {shape} has features of shape "
+    f"{{want}} along feature_axes {features}; pass a {{name}} of shape {{want}} (one value "
+    f"per feature) or change feature_axes."
+  )
+  return operand(name, value, shape, features, dtype, error)
 
 
 def dyt(
@@ -76,17 +66,17 @@ def dyt(
     x = jnp.asarray(x)
     features = canonicalize_axes(feature_axes, x.ndim, name="feature_axes")
     out = output_dtype(x, alpha, scale, bias, dtype=dtype)
-    xc = computed(x)
+    xc = accumulated(x)
     a = jnp.asarray(alpha)
     if a.size == 1 and a.ndim <= 1:
       a = a.reshape(()).astype(xc.dtype)
     else:
-      a = per_feature("alpha (a scalar or one value per feature)", a, x.shape, features, xc.dtype)
+      a = _per_feature("alpha (a scalar or one value per feature)", a, x.shape, features, xc.dtype)
     y = jnp.tanh(a * xc)
     if scale is not None:
-      y = y * per_feature("scale", scale, x.shape, features, xc.dtype)
+      y = y * _per_feature("scale", scale, x.shape, features, xc.dtype)
     if bias is not None:
-      y = y + per_feature("bias", bias, x.shape, features, xc.dtype)
+      y = y + _per_feature("bias", bias, x.shape, features, xc.dtype)
     return y.astype(out)
 
 
@@ -120,7 +110,7 @@ def l2_normalize(
     eps = check_epsilon(epsilon)
     reduced = canonicalize_axes(axes, x.ndim)
     out = output_dtype(x, dtype=dtype)
-    xc = computed(x)
+    xc = accumulated(x)
     sq = jnp.real(xc * jnp.conj(xc)) if jnp.iscomplexobj(xc) else xc * xc
     ss = jnp.sum(sq, axis=reduced, keepdims=True)
     eps = jnp.asarray(eps, ss.dtype)
@@ -172,7 +162,7 @@ def local_response_norm(
       )
     (c,) = canonicalize_axes(channel_axis, x.ndim, name="channel_axis")
     out = output_dtype(x, dtype=dtype)
-    xc = computed(x)
+    xc = accumulated(x)
     # The window as a sum of shifted slices of the zero-padded squares: n small adds that
     # XLA fuses into one kernel, differentiable to any order (reduce_window is not).
     before, after = size // 2, (size - 1) // 2

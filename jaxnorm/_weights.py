@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm._axes import Axes, broadcast_shape, canonicalize_axes, complement
-from jaxnorm._dtypes import accumulation_dtype, output_dtype, promote
+from jaxnorm._dtypes import accumulated, output_dtype, promote
 
 Array = jax.Array
 
@@ -32,8 +32,7 @@ def unit_l2(x: Any, axes: Axes | None = None, epsilon: float = 1e-12) -> Array:
   Flax's formula (ε inside the root, so a zero vector gives zero, not NaN). The result is in
   the computation dtype; callers cast.
   """
-  x = jnp.asarray(x)
-  x = x.astype(accumulation_dtype(x.dtype) if jnp.issubdtype(x.dtype, jnp.inexact) else "f4")
+  x = accumulated(x)
   reduced = tuple(range(x.ndim)) if axes is None else canonicalize_axes(axes, x.ndim)
   squares = jnp.real(x * jnp.conj(x)) if jnp.iscomplexobj(x) else x * x
   return x * lax.rsqrt(jnp.sum(squares, axis=reduced, keepdims=True) + epsilon)

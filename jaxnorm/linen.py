@@ -42,6 +42,7 @@ from jaxnorm._batch import (
 )
 from jaxnorm._config import Config, configure
 from jaxnorm._dtypes import running_stats_dtypes
+from jaxnorm._linen_params import declare_affine
 from jaxnorm._modern_linen import (  # noqa: F401 (the Linen set)
   AdaLayerNorm,
   AdaRMSNorm,
@@ -54,18 +55,6 @@ from jaxnorm._wrappers_linen import SpectralNorm, WeightNorm  # noqa: F401 (the 
 
 Initializer = Any
 Dtype = Any
-
-
-def _affine_params(
-  module: Any, shape: tuple[int, ...], use_bias: bool, scale_init: Initializer | None = None
-) -> tuple[jax.Array | None, jax.Array | None]:
-  """Creates ``scale`` then ``bias`` (Flax's order, so random initializers match)."""
-  scale = bias = None
-  if module.use_scale:
-    scale = module.param("scale", scale_init or module.scale_init, shape, module.param_dtype)
-  if use_bias:
-    bias = module.param("bias", module.bias_init, shape, module.param_dtype)
-  return scale, bias
 
 
 def _layer_name(module: nn.Module) -> str:
@@ -88,7 +77,7 @@ def _batch_norm_variables(module: Any, x: jax.Array) -> tuple[Any, ...]:
   if check_track_running_stats(type(module).__name__, track, type(module) is BatchNorm):
     ra_mean = module.variable("batch_stats", "mean", jnp.zeros, stats_shape, mean_dtype)
     ra_var = module.variable("batch_stats", "var", jnp.ones, stats_shape, var_dtype)
-  scale, bias = _affine_params(module, tuple(x.shape[a] for a in features), module.use_bias)
+  scale, bias = declare_affine(module, tuple(x.shape[a] for a in features), module.use_bias)
   return features, reduced, ra_mean, ra_var, scale, bias
 
 
@@ -403,7 +392,7 @@ class LayerNorm(nn.LayerNorm):
     """
     x = jnp.asarray(x)
     features = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
-    scale, bias = _affine_params(self, tuple(x.shape[a] for a in features), self.use_bias)
+    scale, bias = declare_affine(self, tuple(x.shape[a] for a in features), self.use_bias)
     kw = dict(
       reduction_axes=self.reduction_axes,
       feature_axes=features,
@@ -469,7 +458,7 @@ class RMSNorm(nn.RMSNorm):
     scale_init = self.scale_init
     if self.zero_centered_scale:
       scale_init = F.zero_centered_init(scale_init)
-    scale, bias = _affine_params(
+    scale, bias = declare_affine(
       self, tuple(x.shape[a] for a in features), self.use_bias, scale_init
     )
     kw = dict(
@@ -526,7 +515,7 @@ class GroupNorm(nn.GroupNorm):
     """Applies group normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
     x = jnp.asarray(x)
     f = channel_axis(self.feature_axis, x.ndim)
-    scale, bias = _affine_params(self, (x.shape[f],), self.use_bias)
+    scale, bias = declare_affine(self, (x.shape[f],), self.use_bias)
     return F.group_norm(
       x,
       scale,
@@ -573,7 +562,7 @@ class InstanceNorm(nn.InstanceNorm):
     """Applies instance normalization to ``x`` (``mask``: see :func:`jaxnorm.normalize`)."""
     x = jnp.asarray(x)
     features = canonicalize_axes(self.feature_axes, x.ndim, name="feature_axes")
-    scale, bias = _affine_params(self, tuple(x.shape[a] for a in features), self.use_bias)
+    scale, bias = declare_affine(self, tuple(x.shape[a] for a in features), self.use_bias)
     return F.instance_norm(
       x,
       scale,
