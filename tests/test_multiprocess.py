@@ -12,6 +12,8 @@ import sys
 import jax
 import numpy as np
 
+from tests.conftest import TEST_XLA_FLAGS
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 4
 TIME_LIMIT_S = 240
@@ -26,6 +28,7 @@ def _free_loopback_port() -> int:
 def test_two_processes_match_one_device(tmp_path):
   port = _free_loopback_port()
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["XLA_FLAGS"] = " ".join(TEST_XLA_FLAGS)  # the suite's compile settings, no device count
   env["JAX_PLATFORMS"] = "cpu"
   outs = [tmp_path / f"process{i}.json" for i in range(2)]
   procs = [
