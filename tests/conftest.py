@@ -17,36 +17,43 @@ compilation cache, a fresh temporary folder per run (many tests compile the same
 about a tenth of the time), removed at the end.
 """
 
-import glob
-import importlib.util
-import mmap
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 
-def _jaxlib_knows(flag: str) -> bool:
-  """Whether this jaxlib's XLA has ``flag`` (XLA aborts on an unknown one in XLA_FLAGS)."""
-  spec = importlib.util.find_spec("jaxlib")  # (not imported: XLA_FLAGS must come first)
-  folders = spec.submodule_search_locations if spec else None
-  for path in glob.glob(os.path.join(next(iter(folders or [""])), "*.so")):
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-      if m.find(flag.encode()) >= 0:
-        return True
-  return False
+def _xla_accepts(flags: tuple[str, ...]) -> bool:
+  """Whether this jaxlib's XLA starts with ``flags`` (it aborts on an unknown flag, and a
+  removed flag's name can stay in its binary: jaxlib 0.12 dropped the emitters' flag)."""
+  env = {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"}
+  probe = "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()"
+  return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True).returncode == 0
 
 
-TEST_XLA_FLAGS = tuple(
-  f"--{name}={value}"
-  for name, value in (
-    ("xla_backend_optimization_level", "0"),
-    ("xla_cpu_use_fusion_emitters", "false"),
-  )
-  if os.environ.get("JAXNORM_TEST_XLA_DEFAULTS") != "1"
-  and name not in os.environ.get("XLA_FLAGS", "")
-  and _jaxlib_knows(name)
-)
-os.environ["XLA_FLAGS"] = " ".join((os.environ.get("XLA_FLAGS", ""), *TEST_XLA_FLAGS)).strip()
+def _test_xla_flags() -> tuple[str, ...]:
+  """The suite's compile flags, chosen once by the controlling process (its workers and
+  the 2-process test's processes inherit them through ``_CHOSEN``)."""
+  if _CHOSEN in os.environ:
+    return tuple(os.environ[_CHOSEN].split())
+  user = os.environ.get("XLA_FLAGS", "")
+  flags: tuple[str, ...] = ()
+  if os.environ.get("JAXNORM_TEST_XLA_DEFAULTS") != "1":
+    for name, value in (
+      ("xla_backend_optimization_level", "0"),
+      ("xla_cpu_use_fusion_emitters", "false"),
+    ):
+      flag = f"--{name}={value}"
+      if name not in user and _xla_accepts((*flags, flag)):
+        flags += (flag,)
+  os.environ[_CHOSEN] = " ".join(flags)
+  os.environ["XLA_FLAGS"] = " ".join((user, *flags)).strip()
+  return flags
+
+
+_CHOSEN = "JAXNORM_TEST_XLA_FLAGS"
+TEST_XLA_FLAGS = _test_xla_flags()
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
