@@ -23,6 +23,9 @@ import subprocess
 import sys
 import tempfile
 
+_CHOSEN = "JAXNORM_TEST_XLA_FLAGS"  # the controlling process's choice, for its subprocesses
+_WANTED = (("xla_backend_optimization_level", "0"), ("xla_cpu_use_fusion_emitters", "false"))
+
 
 def _xla_accepts(flags: tuple[str, ...]) -> bool:
   """Whether this jaxlib's XLA starts with ``flags`` (it aborts on an unknown flag, and a
@@ -34,25 +37,21 @@ def _xla_accepts(flags: tuple[str, ...]) -> bool:
 
 def _test_xla_flags() -> tuple[str, ...]:
   """The suite's compile flags, chosen once by the controlling process (its workers and
-  the 2-process test's processes inherit them through ``_CHOSEN``)."""
+  the 2-process test's processes inherit them through ``_CHOSEN``): every wanted flag the
+  user's ``XLA_FLAGS`` does not name, in one probe; one by one only if that fails."""
   if _CHOSEN in os.environ:
     return tuple(os.environ[_CHOSEN].split())
   user = os.environ.get("XLA_FLAGS", "")
   flags: tuple[str, ...] = ()
   if os.environ.get("JAXNORM_TEST_XLA_DEFAULTS") != "1":
-    for name, value in (
-      ("xla_backend_optimization_level", "0"),
-      ("xla_cpu_use_fusion_emitters", "false"),
-    ):
-      flag = f"--{name}={value}"
-      if name not in user and _xla_accepts((*flags, flag)):
-        flags += (flag,)
+    flags = tuple(f"--{name}={value}" for name, value in _WANTED if name not in user)
+    if flags and not _xla_accepts(flags):
+      flags = tuple(flag for flag in flags if _xla_accepts((flag,)))
   os.environ[_CHOSEN] = " ".join(flags)
   os.environ["XLA_FLAGS"] = " ".join((user, *flags)).strip()
   return flags
 
 
-_CHOSEN = "JAXNORM_TEST_XLA_FLAGS"
 TEST_XLA_FLAGS = _test_xla_flags()
 
 import jax  # noqa: E402

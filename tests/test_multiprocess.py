@@ -27,9 +27,8 @@ def _free_loopback_port() -> int:
 
 def test_two_processes_match_one_device(tmp_path):
   port = _free_loopback_port()
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["XLA_FLAGS"] = " ".join(TEST_XLA_FLAGS)  # the suite's compile settings, no device count
-  env["JAX_PLATFORMS"] = "cpu"
+  # The suite's compile settings, without this process's device count.
+  env = {**os.environ, "XLA_FLAGS": " ".join(TEST_XLA_FLAGS), "JAX_PLATFORMS": "cpu"}
   outs = [tmp_path / f"process{i}.json" for i in range(2)]
   procs = [
     subprocess.Popen(
