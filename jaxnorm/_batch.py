@@ -126,6 +126,20 @@ def check_renorm_schedule(
       )
 
 
+def first_use_running_average(argument: bool | None, attribute: bool | None) -> bool:
+  """An NNX BatchNorm-family module's mode: the call argument if given, else the attribute
+  (``flax.nnx``'s rule)."""
+  value = attribute if argument is None else argument
+  if value is None:
+    raise ValueError(
+      "BatchNorm needs use_running_average: pass it to the constructor "
+      "(jnnx.BatchNorm(..., use_running_average=False)), to the call "
+      "(bn(x, use_running_average=True)), or set it with model.train() / model.eval() or "
+      "nnx.view(model, use_running_average=...)."
+    )
+  return bool(value)
+
+
 def merge_use_running_average(attribute: bool | None, argument: bool | None) -> bool:
   """A Linen BatchNorm-family module's mode, given exactly once: as the attribute or in
   the call."""

@@ -19,6 +19,7 @@ from jax.nn import initializers
 
 from jaxnorm._adaptive import adaptive_norm, conditional_batch_norm_step
 from jaxnorm._axes import Axes, batch_norm_axes
+from jaxnorm._batch import first_use_running_average
 from jaxnorm._dtypes import running_stats_dtypes
 from jaxnorm._pointwise import dyt, local_response_norm
 
@@ -242,7 +243,7 @@ class ConditionalBatchNorm(nnx.Module):
   ) -> jax.Array:
     """Normalizes ``x`` (training: batch statistics, updating the running averages), then
     applies each sample's class parameters."""
-    use_ra = self.use_running_average if use_running_average is None else use_running_average
+    use_ra = first_use_running_average(use_running_average, self.use_running_average)
     features, _ = batch_norm_axes(jnp.ndim(x), self.axis, None)
     if tuple(jnp.shape(x)[a] for a in features) != (self.num_features,):
       raise ValueError(
@@ -253,7 +254,7 @@ class ConditionalBatchNorm(nnx.Module):
       )
     y, updated = conditional_batch_norm_step(
       x, labels, _read(self.scale), _read(self.bias), self.mean[...], self.var[...],
-      use_running_average=bool(use_ra), momentum=self.momentum, axis=self.axis,
+      use_running_average=use_ra, momentum=self.momentum, axis=self.axis,
       epsilon=self.epsilon, mask=mask, axis_name=self.axis_name,
       axis_index_groups=self.axis_index_groups, dtype=self.dtype,
       layer=f"ConditionalBatchNorm({self.num_features}, {self.num_classes})",

@@ -51,6 +51,7 @@ from jaxnorm._batch import (
   check_step,
   check_track_running_stats,
   counts_batches,
+  first_use_running_average,
   frozen_batch_norm,
   renorm_schedule,
   renorm_training,
@@ -130,19 +131,6 @@ def _onto_features(x, feature_axes, *params):
   features = canonicalize_axes(feature_axes, jnp.ndim(x), name="feature_axes")
   shape = tuple(jnp.shape(x)[a] for a in features)
   return tuple(_onto(p, shape) for p in params)
-
-
-def _use_running_average(argument, attribute):
-  """The call argument if given, else the attribute (``flax.nnx``'s rule)."""
-  value = attribute if argument is None else argument
-  if value is None:
-    raise ValueError(
-      "BatchNorm needs use_running_average: pass it to the constructor "
-      "(jnnx.BatchNorm(..., use_running_average=False)), to the call "
-      "(bn(x, use_running_average=True)), or set it with model.train() / model.eval() or "
-      "nnx.view(model, use_running_average=...)."
-    )
-  return bool(value)
 
 
 class BatchNorm(nnx.BatchNorm):
@@ -256,7 +244,7 @@ class BatchNorm(nnx.BatchNorm):
     """The mode, the promoted input, ``(scale, bias, mean, var)`` laid onto its axes, and
     the call's :class:`~jaxnorm._config.Config`: what every BatchNorm-family call starts
     with."""
-    use_ra = _use_running_average(use_running_average, self.use_running_average)
+    use_ra = first_use_running_average(use_running_average, self.use_running_average)
     stored = (_read(self.mean), _read(self.var))
     x, mean, var, scale, bias = _promote(self, (x, *stored, _read(self.scale), _read(self.bias)))
     features, reduced = batch_norm_axes(jnp.ndim(x), self.axis, self.reduction_axes)

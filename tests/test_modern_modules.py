@@ -154,6 +154,9 @@ def test_conditional_batch_norm_nnx_modes_and_state():
   assert nnx.view(cbn, use_running_average=False).use_running_average is False
   with pytest.raises(ValueError, match="construct it with the size of that axis"):
     cbn(X.reshape(-1, 3), np.zeros(40, int))
+  unset = jnnx.ConditionalBatchNorm(6, 3, use_running_average=None, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="BatchNorm needs use_running_average"):
+    unset(x, labels)  # (it trained silently before: None counted as False)
 
 
 def test_modules_train_under_jit():
