@@ -227,7 +227,7 @@ def converted_apart(raw, dtype):
   return x, neg, -1.0
 
 
-def _checked_moments(raw, dtype, axes, inv_n, groups=None):
+def _checked_moments(raw, dtype, axes, inv_n, groups=None, parts=False):
   """Mean and centred variance, from one parallel pass of ``Σx`` and ``Σx²`` when that is
   exact enough, else from a second, corrected pass over ``x − mean``.
 
@@ -236,7 +236,8 @@ def _checked_moments(raw, dtype, axes, inv_n, groups=None):
   error stays under ~5e-6 and it is used as is; otherwise ``lax.cond`` runs the corrected
   two-pass algorithm (Chan, Golub & LeVeque 1983): with ``d = x − mean``, ``mean +=
   mean(d)`` and ``var = mean(d²) − mean(d)²``. ``raw`` is ``x`` before its conversion to
-  ``dtype``, the fallback's operand (``benchmarks/RESULTS.md``, item 4).
+  ``dtype``, the fallback's operand (``benchmarks/RESULTS.md``, item 4). With ``parts``,
+  ``(a, d, var)`` where the mean is ``a + d`` (:func:`_shifted_moments`).
   """
   x, other, _ = converted_apart(raw, dtype)
   mean = group_sum(x, axes, groups) * inv_n
@@ -250,14 +251,17 @@ def _checked_moments(raw, dtype, axes, inv_n, groups=None):
     x, other, sign = converted_apart(raw, dtype)
     d, other_d = x - mean, other - sign * mean  # other_d = ±d
     shift = group_sum(d, axes, groups) * inv_n
-    var = group_sum(other_d * other_d, axes, groups) * inv_n - shift * shift
-    return mean + shift, jnp.maximum(var, 0)
+    var = jnp.maximum(group_sum(other_d * other_d, axes, groups) * inv_n - shift * shift, 0)
+    return (mean, shift, var) if parts else (mean + shift, var)
 
-  mean, var = lax.cond(well_conditioned, lambda ops: ops[1:], two_pass, (raw, mean, fast))
-  return mean, var
+  def one_pass(operands):
+    _, mean, fast = operands
+    return (mean, jnp.zeros_like(mean), fast) if parts else (mean, fast)
+
+  return lax.cond(well_conditioned, one_pass, two_pass, (raw, mean, fast))
 
 
-def _shifted_moments(x, axes, inv_n, groups, shifts):
+def _shifted_moments(x, axes, inv_n, groups, shifts, parts=False):
   """Mean and variance from one parallel pass of shifted sums, accurate for any offset.
 
   With ``a`` and ``b`` two elements of each group (its first and its last; ``shifts`` from
@@ -269,15 +273,20 @@ def _shifted_moments(x, axes, inv_n, groups, shifts):
   variance), which is unbounded. Two different shifts keep the two sums separate
   expressions, each fused into its own read of ``x`` (``benchmarks/RESULTS.md``, item 11).
   With ``shifts=None`` it is the exact two-pass formula (complex ``E|x − μ|²`` included).
+  With ``parts``, ``(a, d, var)``: the mean as ``a + d`` unrounded, ``d`` small, so that
+  means of shards far off centre can be compared without their rounding (``d = 0`` for two
+  passes).
   """
   if shifts is None:  # a sharded reduced axis, an empty or complex input: two passes
     mean = group_sum(x, axes, groups) * inv_n
-    return mean, group_sum(abs_sq(x - mean), axes, groups) * inv_n
+    var = group_sum(abs_sq(x - mean), axes, groups) * inv_n
+    return (mean, jnp.zeros_like(mean), var) if parts else (mean, var)
   a, b = shifts
   d1 = group_sum(x - a, axes, groups) * inv_n
   s2 = group_sum(jnp.square(x - b), axes, groups) * inv_n
   d2 = d1 + (a - b)
-  return a + d1, jnp.maximum(s2 - d2 * d2, 0)
+  var = jnp.maximum(s2 - d2 * d2, 0)
+  return (a, d1, var) if parts else (a + d1, var)
 
 
 def _two_pass_about(x, axes, inv_n, groups, a):
@@ -426,15 +435,16 @@ def group_moments(
 
 def _one_device(variance):
   """``stack([mean, var])`` of ``raw`` over ``axes`` by ``variance``, as
-  ``partitioned.moments`` runs it on one device or one shard."""
+  ``partitioned.moments`` runs it on one device; with ``parts=True``, ``stack([a, d,
+  var])`` with the mean as ``a + d`` unrounded, as it runs on one shard of several."""
 
-  def method(raw, axes, dtype):
+  def method(raw, axes, dtype, parts=False):
     inv_n = 1.0 / max(1, math.prod(raw.shape[a] for a in axes))
 
     def uniform(raw, variance=variance):
       x = raw.astype(dtype)
       shift = shifts(x, axes) if variance is Variance.SHIFTED else None
-      return jnp.stack(_shifted_moments(x, axes, inv_n, None, shift))
+      return jnp.stack(_shifted_moments(x, axes, inv_n, None, shift, parts))
 
     if variance is Variance.CHECKED:
       # The fastest forward on XLA:CPU (every form without lax.cond took 1.2-2.2x Flax's
@@ -442,7 +452,7 @@ def _one_device(variance):
       # accelerator reads back and whose untaken branch XLA counts (item 38).
       return lax.platform_dependent(
         raw,
-        cpu=lambda raw: jnp.stack(_checked_moments(raw, dtype, axes, inv_n)),
+        cpu=lambda raw: jnp.stack(_checked_moments(raw, dtype, axes, inv_n, parts=parts)),
         default=functools.partial(uniform, variance=Variance.SHIFTED),
       )
     return uniform(raw)
