@@ -14,6 +14,11 @@ Needs the CUDA plugin (not a GPU), in its own environment:
   JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu PYTHONPATH=. \\
       python benchmarks/gpu_programs.py > benchmarks/results/gpu_programs.md
 
+``--stacks`` compiles :mod:`bench_scale`'s model stacks instead (a GroupNorm UNet, a ResNet
+stage, a Pre-LN Transformer and a ResNet-50; inference and training step): fusions,
+kernels, conditionals and lower and compile time, jaxnorm against Flax, interleaved
+(issue 33's point 3 on XLA:GPU): ``> benchmarks/results/gpu_programs_stacks.md``.
+
 ``--modern`` compiles the modern norms instead (:mod:`bench_modern`'s forms: DyT, AdaLN and
 modulated RMSNorm, jaxnorm against the hand-written ``jnp`` forms):
 ``> benchmarks/results/gpu_programs_modern.md``.
@@ -65,6 +70,8 @@ CASES = [  # (norm, shape, dtype)
     for k in ("batch_train", "batch_eval", "layer", "group", "instance")
   ),
   *((k, (16, 512, 768), "float32") for k in ("add_layer", "add_rms")),
+  # small programs (2,048 rows: bench_scale's stacks), where XLA:GPU splits shifted sums
+  *((k, (8, 16, 16, 64), "float32") for k in ("batch_train", "layer", "group", "instance")),
 ]
 KERNEL = re.compile(r"^\s*(?:ROOT )?%\S+ = (.+?) (fusion|custom-call|copy|reduce|sort|scatter)\(")
 
@@ -224,6 +231,48 @@ def modern(mesh):
         print(f"| {kind} | {shape_text} | {dtype} | " + " | ".join(cells) + " |", flush=True)
 
 
+def stacks(mesh, repeats=7):
+  """The model stacks' table: jaxnorm against Flax, per model and program."""
+  import time  # noqa: PLC0415
+
+  import bench_scale  # noqa: PLC0415 (only for --stacks)
+  import numpy as np  # noqa: PLC0415
+
+  rep = NamedSharding(mesh, P())
+
+  def abstract(tree):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), tree)
+
+  print("| model | program | fusions | kernels | conditionals | lower s | compile s | ratio |")
+  print("|---|---|---|---|---|---|---|---|")
+  for name, cls, shape in bench_scale.MODELS:
+    libs = {"jaxnorm": jaxnorm, "flax": nn}
+    progs = {k: bench_scale._programs(cls, lib, shape) for k, lib in libs.items()}
+    for program in ("inference", "training"):
+      times: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in libs}
+      texts = {}
+      for i in range(repeats):
+        for k in list(libs)[:: 1 if i % 2 == 0 else -1]:
+          f, v, x = progs[k][program]
+          jax.clear_caches()  # (what a new shape costs: trace, lower and compile)
+          start = time.perf_counter()
+          lowered = jax.jit(f).lower(abstract(v), abstract(x))
+          mid = time.perf_counter()
+          texts[k] = lowered.compile().as_text()
+          times[k][0].append(mid - start)
+          times[k][1].append(time.perf_counter() - mid)
+      low, comp = ({k: float(np.median(times[k][j])) for k in libs} for j in (0, 1))
+      fusions = {k: len(re.findall(r"\sfusion\(", t)) for k, t in texts.items()}
+      kernels = {k: kernels_and_bytes(t)[0] for k, t in texts.items()}
+      ratio = (low["jaxnorm"] + comp["jaxnorm"]) / (low["flax"] + comp["flax"])
+      cells = (
+        [f"{d['jaxnorm']} / {d['flax']}" for d in (fusions, kernels)]
+        + [str(texts["jaxnorm"].count(" conditional("))]
+        + [f"{d['jaxnorm']:.3f} / {d['flax']:.3f}" for d in (low, comp)]
+      )
+      print(f"| {name} | {program} | " + " | ".join(cells) + f" | {ratio:.2f} |", flush=True)
+
+
 def main():
   topology = topologies.get_topology_desc(platform="cuda", target_config=H100, topology="1x1x1")
   mesh = topologies.make_mesh(topology, (1,), ("d",))
@@ -232,6 +281,12 @@ def main():
     print(f"jax {jax.__version__}. The modern norms: jaxnorm / the hand-written jnp form")
     print("(bench_modern.py); kernels and bytes over |x| as below.\n")
     return modern(mesh)
+  if "--stacks" in sys.argv[1:]:
+    print(f"jax {jax.__version__}, flax {__import__('flax').__version__}.")
+    print("bench_scale.py's model stacks, jaxnorm / Flax: fusions (every fusion instruction),")
+    print("kernels (as below), conditionals (jaxnorm's), medians of interleaved lower and")
+    print("compile times (s, caches cleared: what a new shape costs), ratio of their sums.\n")
+    return stacks(mesh)
   print(f"jax {jax.__version__}. Kernels: top-level launches (fusions, custom calls, copies,")
   print("reductions); bytes: every kernel's operands and results over |x|. jaxnorm / Flax.\n")
   print(
