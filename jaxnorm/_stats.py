@@ -208,6 +208,13 @@ def shifts(x, axes, groups=None):
   return tuple(out)
 
 
+def on_platform(*args: Any, cpu: Any, default: Any) -> Any:
+  """``lax.platform_dependent``: ``cpu(*args)`` in programs lowered for XLA:CPU,
+  ``default(*args)`` for every other platform (a seam the tests patch to run the
+  accelerators' branch on the CPU)."""
+  return lax.platform_dependent(*args, cpu=cpu, default=default)
+
+
 def converted_apart(raw, dtype):
   """``(x, −x, −1)``: ``raw`` converted to ``dtype``, as two expressions that XLA:CPU keeps
   apart; ``(x, x, 1)`` when there is nothing to convert. Each reduction then reads the
@@ -331,29 +338,35 @@ def _two_pass(x, axes, groups, center, valid, inv_n):
 _GATHER_MEMBERS = 16
 
 
-def _combine_devices(count, mean, m2, axis_name, axis_index_groups):
-  """Exact statistics across devices: each device's count ``nᵢ``, mean ``μᵢ`` and ``M2ᵢ``
+def _combine_devices(count, a, d, m2, axis_name, axis_index_groups):
+  """Exact statistics across devices: each device's count ``nᵢ``, mean ``μᵢ = aᵢ + dᵢ``
+  (``dᵢ`` a small remainder where the device's method has one, else 0) and ``M2ᵢ``
   combined with Chan, Golub & LeVeque's parallel formula ``n = Σnᵢ``, ``μ = Σnᵢμᵢ/n``,
-  ``M2 = ΣM2ᵢ + Σnᵢ|μᵢ − μ|²`` — no offset is squared, devices with no valid element
-  (``nᵢ = 0``) drop out, and every device gets the same result. Over at most
-  ``_GATHER_MEMBERS`` members in one collective (the triples gathered, :func:`_gather`),
-  over more in two ``psum`` calls (``n`` and ``Σnᵢμᵢ``, then the ``M2`` terms around the
-  global ``μ``). Returns ``(mean, var, count)``."""
+  ``M2 = ΣM2ᵢ + Σnᵢ|μᵢ − μ|²`` — no offset is squared, each ``μᵢ − μ`` is taken as
+  ``(aᵢ − μ̃) + dᵢ`` around a rounded ``μ̃`` (means rounded far off centre are off by more
+  than their spread), devices with no valid element (``nᵢ = 0``) drop out, and every
+  device gets the same result. Over at most ``_GATHER_MEMBERS`` members in one collective
+  (:func:`_gather`), over more in two ``psum`` calls (``n`` and ``Σnᵢμᵢ``, then the ``M2``
+  terms and the mean's correction around ``μ̃``). Returns ``(mean, var, count)``."""
   if axis_size(axis_name) > _GATHER_MEMBERS:
-    n = count.astype(mean.dtype)
-    total, weighted = psum((n, n * mean), axis_name, axis_index_groups)
+    n = count.astype(a.dtype)
+    total, weighted = psum((n, n * (a + d)), axis_name, axis_index_groups)
     safe = jnp.maximum(total.real, 1)
-    mu = weighted / safe
-    m2 = psum(m2 + n.real * abs_sq(mean - mu), axis_name, axis_index_groups)
-    return mu, m2 / safe, total.real.astype(count.dtype)
-  stacked = jnp.stack(jnp.broadcast_arrays(count.astype(mean.dtype), mean, m2.astype(mean.dtype)))
-  gathered = _gather(stacked, axis_name, axis_index_groups)
-  counts, means, m2s = gathered[:, 0].real.astype(count.dtype), gathered[:, 1], gathered[:, 2].real
+    rough = weighted / safe
+    off = (a - rough) + d
+    m2, moved = psum((m2 + n.real * abs_sq(off), n * off), axis_name, axis_index_groups)
+    shift = moved / safe
+    return rough + shift, m2 / safe - abs_sq(shift), total.real.astype(count.dtype)
+  parts = (count.astype(a.dtype), a, d, m2.astype(a.dtype))
+  gathered = _gather(jnp.stack(jnp.broadcast_arrays(*parts)), axis_name, axis_index_groups)
+  counts, means, ds = gathered[:, 0].real.astype(count.dtype), gathered[:, 1], gathered[:, 2]
   total = counts.sum(0)
   safe = jnp.maximum(total, 1)
-  mean = (counts * means).sum(0) / safe
-  m2 = m2s.sum(0) + (counts * abs_sq(means - mean[None])).sum(0)
-  return mean, m2 / safe, total
+  rough = (counts * (means + ds)).sum(0) / safe
+  off = (means - rough[None]) + ds
+  shift = (counts * off).sum(0) / safe
+  m2 = gathered[:, 3].real.sum(0) + (counts * abs_sq(off - shift[None])).sum(0)
+  return rough + shift, m2 / safe, total
 
 
 class Variance(enum.Enum):
@@ -427,10 +440,28 @@ def group_moments(
         x, axes, inv_n, groups, shift if variance is Variance.SHIFTED else None
       )
     return result(mean, var, count)
-  mean, m2 = _two_pass(x, axes, groups, cfg.center, valid, inv_n)
   if cfg.axis_name is None:
+    mean, m2 = _two_pass(x, axes, groups, cfg.center, valid, inv_n)
     return result(mean, m2 * inv_n, count)
-  return result(*_combine_devices(count, mean, m2, cfg.axis_name, cfg.axis_index_groups))
+  shift = None
+  if valid is None and cfg.center and not jnp.iscomplexobj(x):
+    shift = shifts(x, axes, groups)
+  if shift is None:
+    mean, m2 = _two_pass(x, axes, groups, cfg.center, valid, inv_n)
+    parts = (mean, jnp.zeros_like(mean), m2)
+  else:
+    # Each device's two passes on XLA:CPU (as many reads of x as Flax's sums there); on
+    # accelerators its shifted sums, one read of x as Flax's, the mean as a + d unrounded.
+    def two_passes(x, a, b):
+      mean, m2 = _two_pass(x, axes, groups, True, None, inv_n)
+      return mean, jnp.zeros_like(mean), m2
+
+    def shifted(x, a, b):
+      a, d, var = _shifted_moments(x, axes, inv_n, groups, (a, b), parts=True)
+      return a, d, var / inv_n
+
+    parts = on_platform(x, *shift, cpu=two_passes, default=shifted)
+  return result(*_combine_devices(count, *parts, cfg.axis_name, cfg.axis_index_groups))
 
 
 def _one_device(variance):
