@@ -218,7 +218,7 @@ def _squeezed(stats: Moments, cfg: Config) -> Moments:
 def _batch_statistics(x, scale, bias, cfg, epsilon, mask):
   """Normalized with its own statistics (no batch-size check): ``(y, moments)``, the
   moments squeezed to the statistics' shape."""
-  gamma, beta = affine_params(scale, bias, x.shape, cfg)
+  gamma, beta = affine_params(scale, bias, x.shape, cfg, shaped=False)
   y, stats = affine_normalize(x, gamma, beta, cfg, epsilon=epsilon, mask=mask)
   return y, _squeezed(stats, cfg)
 

@@ -80,30 +80,42 @@ def check_epsilon(epsilon: Any) -> Any:
 
 
 def operand(
-  name: str, value: Any, x_shape: tuple[int, ...], axes: tuple[int, ...], dtype: Any, error: str
+  name: str,
+  value: Any,
+  x_shape: tuple[int, ...],
+  axes: tuple[int, ...],
+  dtype: Any,
+  error: str,
+  shaped: bool = True,
 ) -> jax.Array:
   """``value``, one entry per index of ``x_shape``'s ``axes``, in ``dtype`` (a real value
-  stays real) and shaped to broadcast against ``x``: a parameter or a given statistic. A
-  value of another shape raises ``error`` formatted with ``name``, ``got`` and ``want``."""
+  stays real) and shaped to broadcast against ``x`` (left in its own shape with
+  ``shaped=False``, for a compiled caller to reshape: an eager reshape is a dispatch of
+  its own): a parameter or a given statistic. A value of another shape raises ``error``
+  formatted with ``name``, ``got`` and ``want``."""
   want = tuple(x_shape[a] for a in axes)
   value = jnp.asarray(value)
   if value.shape != want:
     raise ValueError(error.format(name=name, got=value.shape, want=want))
-  return to_dtype(value.reshape(broadcast_shape(x_shape, axes)), dtype)
+  if shaped:
+    value = value.reshape(broadcast_shape(x_shape, axes))
+  return to_dtype(value, dtype)
 
 
 def affine_params(
-  scale: Any, bias: Any, x_shape: tuple[int, ...], cfg: Config
+  scale: Any, bias: Any, x_shape: tuple[int, ...], cfg: Config, shaped: bool = True
 ) -> tuple[jax.Array | None, jax.Array | None]:
   """``(γ, β)`` checked against the feature shape of an ``x_shape`` input (one value per
-  feature along ``cfg.features``), in ``cfg.dtype``, shaped to broadcast; None stays None."""
+  feature along ``cfg.features``), in ``cfg.dtype``, shaped to broadcast (with
+  ``shaped=False`` in their own shape, which :func:`affine_normalize` takes too); None
+  stays None."""
   error = (
     f"{{name}} has shape {{got}}, but an input of shape {tuple(x_shape)} has features of "
     f"shape {{want}} along feature axes {cfg.features}; pass a {{name}} of shape {{want}} "
     f"(one value per feature) or change the feature axes."
   )
   gamma, beta = (
-    None if v is None else operand(n, v, x_shape, cfg.features, cfg.dtype, error)
+    None if v is None else operand(n, v, x_shape, cfg.features, cfg.dtype, error, shaped)
     for n, v in (("scale", scale), ("bias", bias))
   )
   return gamma, beta
@@ -356,7 +368,8 @@ def affine_normalize(
   Args:
     x: the input, in any dtype (converted to ``cfg.dtype`` inside). Complex inputs (or
       parameters) take the exact two-pass statistics and JAX's own derivative.
-    scale: optional ``γ`` in ``cfg.dtype``, broadcastable to ``x`` (:func:`affine_params`).
+    scale: optional ``γ`` in ``cfg.dtype``, broadcastable to ``x`` or of the feature shape
+      (:func:`affine_params`).
     bias: optional ``β``, the same.
     cfg: the normalization (axes, centring, ε's place, channel groups, devices, dtypes).
     epsilon: the constant (>= 0) added to the variance (or, with
@@ -389,8 +402,23 @@ def _complex_normalize(x, scale, bias, mask, epsilon, cfg):
 
 # Compiled once per shape and configuration: eager calls run one XLA program instead of
 # dispatching every operation; under an outer jit this is simply inlined.
-_compiled_affine_normalize = jax.jit(_affine_normalize, static_argnums=(5,))
-_compiled_complex_normalize = jax.jit(_complex_normalize, static_argnums=(5,))
+def _shaped_params(normalize):
+  """``normalize`` taking ``γ, β`` also in their own feature shape (``affine_params(...,
+  shaped=False)``), reshaped to broadcast inside the compiled program; parameters of
+  ``x``'s rank (shaped, or per sample) pass as they are."""
+
+  def call(x, scale, bias, mask, epsilon, cfg):
+    scale, bias = (
+      p if p is None or p.ndim == x.ndim else p.reshape(broadcast_shape(x.shape, cfg.features))
+      for p in (scale, bias)
+    )
+    return normalize(x, scale, bias, mask, epsilon, cfg)
+
+  return call
+
+
+_compiled_affine_normalize = jax.jit(_shaped_params(_affine_normalize), static_argnums=(5,))
+_compiled_complex_normalize = jax.jit(_shaped_params(_complex_normalize), static_argnums=(5,))
 
 
 def apply_statistics(

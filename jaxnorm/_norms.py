@@ -129,15 +129,20 @@ def _norm(
   zero_centered_scale: bool = False,
 ) -> tuple[jax.Array, Moments]:
   """The body of every per-sample norm: the parameters checked and shaped, then the kernel."""
-  gamma, beta = _affine_params(scale, bias, x.shape, cfg, zero_centered_scale)
+  gamma, beta = _affine_params(scale, bias, x.shape, cfg, zero_centered_scale, shaped=False)
   return affine_normalize(x, gamma, beta, cfg, epsilon=epsilon, mask=mask)
 
 
 def _affine_params(
-  scale: Any, bias: Any, shape: tuple[int, ...], cfg: Config, zero_centered_scale: bool
+  scale: Any,
+  bias: Any,
+  shape: tuple[int, ...],
+  cfg: Config,
+  zero_centered_scale: bool,
+  shaped: bool = True,
 ) -> tuple[jax.Array | None, jax.Array | None]:
   """``(γ, β)`` checked and shaped (``affine_params``), γ as ``1 + γ`` when zero-centred."""
-  gamma, beta = affine_params(scale, bias, shape, cfg)
+  gamma, beta = affine_params(scale, bias, shape, cfg, shaped)
   if gamma is not None and zero_centered_scale:
     gamma = 1 + gamma
   return gamma, beta
