@@ -30,10 +30,12 @@ import math
 import os
 import re
 import sys
+import time
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import topologies
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -167,14 +169,19 @@ def kernels_and_bytes(hlo: str) -> tuple[int, int]:
   return count, moved
 
 
+def _abstract(tree, mesh):
+  """``tree``'s arrays as shapes and dtypes, replicated over ``mesh`` (nothing to hold)."""
+  rep = NamedSharding(mesh, P())
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), tree)
+
+
 def _programs(kind, shape, dtype, mesh):
   """jaxnorm's and Flax's forward and forward+backward, lowered for the mesh's GPU."""
   dt = jnp.dtype(dtype)
   x_cpu, cot_cpu = jax.eval_shape(lambda: bench_norms.inputs(kind, shape, dt))
-  rep = NamedSharding(mesh, P())
 
   def abstract(tree):
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), tree)
+    return _abstract(tree, mesh)
 
   out = {}
   for name, lib in (("jaxnorm", jaxnorm), ("flax", nn)):
@@ -201,19 +208,15 @@ def modern(mesh):
   """The modern norms' table: jaxnorm against the hand-written form, per kind and pass."""
   import bench_modern  # noqa: PLC0415 (only for --modern)
 
-  rep = NamedSharding(mesh, P())
   print("| norm | shape | dtype | forward kernels | forward bytes | fwd+bwd kernels | "
         "fwd+bwd bytes |\n|---|---|---|---|---|---|---|")  # fmt: skip
-  rng = __import__("numpy").random.default_rng(0)
+  rng = np.random.default_rng(0)
   for kind in ("dyt", "adaln", "adarms"):
     for shape in bench_modern.SHAPES.values():
       for dtype in ("float32", "bfloat16"):
         dt = jnp.dtype(dtype)
-        params = jax.tree.map(
-          lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep),
-          bench_modern.params_for(kind, shape, rng),
-        )
-        x = jax.ShapeDtypeStruct(shape, dt, sharding=rep)
+        params = _abstract(bench_modern.params_for(kind, shape, rng), mesh)
+        x = _abstract(jax.ShapeDtypeStruct(shape, dt), mesh)
         forms = bench_modern.forms(kind)
         cells = []
         for pass_ in ("forward", "fwd+bwd"):
@@ -233,15 +236,10 @@ def modern(mesh):
 
 def stacks(mesh, repeats=7):
   """The model stacks' table: jaxnorm against Flax, per model and program."""
-  import time  # noqa: PLC0415
-
   import bench_scale  # noqa: PLC0415 (only for --stacks)
-  import numpy as np  # noqa: PLC0415
-
-  rep = NamedSharding(mesh, P())
 
   def abstract(tree):
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), tree)
+    return _abstract(tree, mesh)
 
   print("| model | program | fusions | kernels | conditionals | lower s | compile s | ratio |")
   print("|---|---|---|---|---|---|---|---|")

@@ -443,25 +443,25 @@ def group_moments(
   if cfg.axis_name is None:
     mean, m2 = _two_pass(x, axes, groups, cfg.center, valid, inv_n)
     return result(mean, m2 * inv_n, count)
+
+  def two_passes(x, *_):
+    mean, m2 = _two_pass(x, axes, groups, cfg.center, valid, inv_n)
+    return mean, jnp.zeros_like(mean), m2
+
+  def shifted(x, a, b):
+    a, d, var = _shifted_moments(x, axes, inv_n, groups, (a, b), parts=True)
+    return a, d, var / inv_n
+
   shift = None
   if valid is None and cfg.center and not jnp.iscomplexobj(x):
     shift = shifts(x, axes, groups)
+  # Each device's two passes on XLA:CPU (as many reads of x as Flax's sums there); on
+  # accelerators its shifted sums, one read of x as Flax's, the mean as a + d unrounded.
   if shift is None:
-    mean, m2 = _two_pass(x, axes, groups, cfg.center, valid, inv_n)
-    parts = (mean, jnp.zeros_like(mean), m2)
+    a, d, m2 = two_passes(x)
   else:
-    # Each device's two passes on XLA:CPU (as many reads of x as Flax's sums there); on
-    # accelerators its shifted sums, one read of x as Flax's, the mean as a + d unrounded.
-    def two_passes(x, a, b):
-      mean, m2 = _two_pass(x, axes, groups, True, None, inv_n)
-      return mean, jnp.zeros_like(mean), m2
-
-    def shifted(x, a, b):
-      a, d, var = _shifted_moments(x, axes, inv_n, groups, (a, b), parts=True)
-      return a, d, var / inv_n
-
-    parts = on_platform(x, *shift, cpu=two_passes, default=shifted)
-  return result(*_combine_devices(count, *parts, cfg.axis_name, cfg.axis_index_groups))
+    a, d, m2 = on_platform(x, *shift, cpu=two_passes, default=shifted)
+  return result(*_combine_devices(count, a, d, m2, cfg.axis_name, cfg.axis_index_groups))
 
 
 def _one_device(variance):
