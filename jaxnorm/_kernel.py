@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxnorm import _accel, _stats
 from jaxnorm._axes import broadcast_shape
 from jaxnorm._config import Config
 from jaxnorm._dtypes import accumulation_dtype, real_dtype, standard_promotion, to_dtype
@@ -417,7 +418,24 @@ def _shaped_params(normalize):
   return call
 
 
-_compiled_affine_normalize = jax.jit(_shaped_params(_affine_normalize), static_argnums=(5,))
+def _by_platform(x, scale, bias, mask, epsilon, cfg):
+  """XLA:CPU's tuned kernel on one device; Flax's program with exact statistics
+  (:mod:`jaxnorm._accel`), where it applies, on a mesh and on every other platform."""
+  if not _accel.applies(x, scale, bias, mask, cfg):
+    return _affine_normalize(x, scale, bias, mask, epsilon, cfg)
+  if _stats.on_mesh(x):
+    return _accel.affine_normalize(x, scale, bias, epsilon, cfg)
+  return _stats.on_platform(
+    x,
+    scale,
+    bias,
+    epsilon,
+    cpu=lambda x, s, b, e: _affine_normalize(x, s, b, None, e, cfg),
+    default=lambda x, s, b, e: _accel.affine_normalize(x, s, b, e, cfg),
+  )
+
+
+_compiled_affine_normalize = jax.jit(_shaped_params(_by_platform), static_argnums=(5,))
 _compiled_complex_normalize = jax.jit(_shaped_params(_complex_normalize), static_argnums=(5,))
 
 

@@ -1,12 +1,23 @@
 """Statistics, once: reduction dtype, masked and cross-device moments, running averages.
 
 The numerics policy of the whole library lives here: statistics are reduced in at least
-float32 (counts and sums always are, whatever the statistics' dtype), the variance comes from
-sums shifted by an element of each group, from checked plain sums with an exact fallback, or
-from the two-pass formula, so it stays accurate when ``|mean| >> std``; complex inputs get a
-complex mean and the real variance ``E|x − μ|²``; a group with no valid element (a mask, or
-a size-0 axis) has mean 0, variance 0 and count 0 instead of NaN; and cross-device
-statistics are weighted by each device's valid count.
+float32 (counts and sums always are), the variance stays accurate when ``|mean| >> std``;
+complex inputs get a complex mean and the real variance ``E|x − μ|²``; a group with no
+valid element (a mask, or a size-0 axis) has mean 0, variance 0 and count 0 instead of
+NaN; cross-device statistics are weighted by each device's valid count.
+
+The engine (``benchmarks/RESULTS.md``, items 38-39 and 47 give the figures):
+
+- TPUs, GPUs, and any array on a mesh: one reduction of ``(1, x, 0, 0)`` whose combiner
+  merges groups' sums shifted by their first elements (:func:`merged_moments`): one read
+  of x, as Flax's ``Σx ∥ Σx²``, exact, partitioned by GSPMD with nothing custom in the
+  program. XLA:GPU's column reductions take sums shifted by one element instead (it
+  writes a variadic column reduction's operands out).
+- XLA:CPU, one device: ``Σx ∥ Σx²`` checked, with an exact second pass when the check
+  fails (its fastest forward), shifted sums under differentiation, two passes over short
+  rows and channel groups (:class:`Variance`).
+- Masks: two passes over the valid elements. Mapped axes (``axis_name``): each device's
+  sums, combined in one collective (:func:`_combine_devices`).
 """
 
 from __future__ import annotations
@@ -21,7 +32,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxnorm import _partitioned as partitioned
 from jaxnorm._axes import Axes, canonicalize_axes
 from jaxnorm._config import Config, freeze_groups
 from jaxnorm._dtypes import count_dtype, promote, real_dtype, reduction_dtype
@@ -215,6 +225,90 @@ def on_platform(*args: Any, cpu: Any, default: Any) -> Any:
   return lax.platform_dependent(*args, cpu=cpu, default=default)
 
 
+def on_mesh(x: Any) -> bool:
+  """Whether ``x``'s type places it on a mesh that GSPMD may split (an axis of more than
+  one device that is not manual): its reductions may then cross devices."""
+  mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+  types = getattr(mesh, "axis_types", ()) or ()
+  sizes = getattr(mesh, "axis_sizes", ()) or ()
+  return any(
+    n > 1 and t != jax.sharding.AxisType.Manual for n, t in zip(sizes, types, strict=False)
+  )
+
+
+def _merge(left, right):
+  """Two groups' ``(n, a, s₁, s₂)``, ``s₁ = Σ(x − a)``, ``s₂ = Σ(x − a)²``, as one
+  group's around the left shift: with ``δ = a_r − a_l`` the right sums move to
+  ``s₁ + n·δ`` and ``s₂ + δ·(2s₁ + n·δ)``; an empty side leaves the other unchanged."""
+  (n1, a1, s1, q1), (n2, a2, t1, t2) = left, right
+  delta = jnp.where((n1 > 0) & (n2 > 0), a2 - a1, 0)
+  moved = t1 + n2 * delta
+  return n1 + n2, jnp.where(n1 > 0, a1, a2), s1 + moved, q1 + t2 + delta * (t1 + moved)
+
+
+def _merged(parts, axes):
+  zero = jnp.zeros((), parts[1].dtype)
+  return tuple(jnp.expand_dims(t, axes) for t in lax.reduce(parts, (zero,) * 4, _merge, axes))
+
+
+def _merged_sums(x, axes, groups):
+  """Mean and variance from one reduction of ``(1, x, 0, 0)`` merged by :func:`_merge`:
+  each group's sums shifted by its first element, so no offset is squared (exact as the
+  shifted sums), ``x`` read once; then, with channel ``groups``, one of the small
+  per-channel sums (:func:`group_sum`'s reason). Under GSPMD it is each shard's reduction
+  and a gather of the shards' four sums, one collective on TPUs and GPUs."""
+  n, a, s1, s2 = _merged((jnp.ones_like(x), x, jnp.zeros_like(x), jnp.zeros_like(x)), axes)
+  if groups is not None:
+    axis, g = groups
+    split = _split_channels(n.shape, axis, g)
+    parts = _merged(tuple(t.reshape(split) for t in (n, a, s1, s2)), (axis + 1,))
+    n, a, s1, s2 = (_repeat_on_channels(t, split, axis) for t in parts)
+  n = jnp.maximum(n, 1)
+  d = s1 / n
+  return a + d, jnp.maximum(s2 / n - d * d, 0)
+
+
+def _one_shift(raw, axes, groups, dtype):
+  """Sums shifted by one element of each group, both in one read of x; the element sliced
+  from ``raw`` itself, so that XLA:GPU need not write a converted copy of a half-precision
+  input out for the slice (7|x| against 3|x|)."""
+  x = raw.astype(dtype)
+  n = math.prod(x.shape[a] for a in axes) * (
+    1 if groups is None else x.shape[groups[0]] // groups[1]
+  )
+  shift = shifts(raw, axes, groups)
+  shift = shift and (shift[0].astype(dtype),) * 2
+  return _shifted_moments(x, axes, 1.0 / max(n, 1), groups, shift)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
+def merged_moments(raw: jax.Array, axes: tuple[int, ...], groups: Any, dtype: Any) -> Any:
+  """``(mean, var)`` of ``raw`` in ``dtype`` over ``axes`` and channel ``groups`` (kept
+  dims) by :func:`_merged_sums`, except XLA:GPU's column reductions (reduced axes short of
+  the last): it writes a variadic column reduction's operands out, 14|x| against Flax's 3,
+  and takes sums shifted by one element there instead (3|x|; a sharded reduced axis then
+  broadcasts that element: RESULTS item 47). The textbook derivative ``μ̇ = mean(ẋ)``,
+  ``σ̇² = 2·mean((x − μ)·ẋ)`` (JAX differentiates no reduction with its own combiner)."""
+  if raw.ndim - 1 in axes:
+    return _merged_sums(raw.astype(dtype), axes, groups)
+  gpu = functools.partial(_one_shift, axes=axes, groups=groups, dtype=dtype)
+  return lax.platform_dependent(
+    raw, cuda=gpu, rocm=gpu, default=lambda raw: _merged_sums(raw.astype(dtype), axes, groups)
+  )
+
+
+@merged_moments.defjvp
+def _merged_moments_jvp(axes, groups, dtype, primals, tangents):
+  (raw,), (draw,) = primals, tangents
+  mean, var = merged_moments(raw, axes, groups, dtype)
+  x, dx = raw.astype(dtype), draw.astype(dtype)
+  n = math.prod(x.shape[a] for a in axes) * (
+    1 if groups is None else x.shape[groups[0]] // groups[1]
+  )
+  dmean = group_sum(dx, axes, groups) / n
+  return (mean, var), (dmean, 2.0 * group_sum((x - mean) * dx, axes, groups) / n)
+
+
 def converted_apart(raw, dtype):
   """``(x, −x, −1)``: ``raw`` converted to ``dtype``, as two expressions that XLA:CPU keeps
   apart; ``(x, x, 1)`` when there is nothing to convert. Each reduction then reads the
@@ -234,7 +328,7 @@ def converted_apart(raw, dtype):
   return x, neg, -1.0
 
 
-def _checked_moments(raw, dtype, axes, inv_n, groups=None, parts=False):
+def _checked_moments(raw, dtype, axes, inv_n, groups=None):
   """Mean and centred variance, from one parallel pass of ``Σx`` and ``Σx²`` when that is
   exact enough, else from a second, corrected pass over ``x − mean``.
 
@@ -243,8 +337,7 @@ def _checked_moments(raw, dtype, axes, inv_n, groups=None, parts=False):
   error stays under ~5e-6 and it is used as is; otherwise ``lax.cond`` runs the corrected
   two-pass algorithm (Chan, Golub & LeVeque 1983): with ``d = x − mean``, ``mean +=
   mean(d)`` and ``var = mean(d²) − mean(d)²``. ``raw`` is ``x`` before its conversion to
-  ``dtype``, the fallback's operand (``benchmarks/RESULTS.md``, item 4). With ``parts``,
-  ``(a, d, var)`` where the mean is ``a + d`` (:func:`_shifted_moments`).
+  ``dtype``, the fallback's operand (``benchmarks/RESULTS.md``, item 4).
   """
   x, other, _ = converted_apart(raw, dtype)
   mean = group_sum(x, axes, groups) * inv_n
@@ -259,11 +352,11 @@ def _checked_moments(raw, dtype, axes, inv_n, groups=None, parts=False):
     d, other_d = x - mean, other - sign * mean  # other_d = ±d
     shift = group_sum(d, axes, groups) * inv_n
     var = jnp.maximum(group_sum(other_d * other_d, axes, groups) * inv_n - shift * shift, 0)
-    return (mean, shift, var) if parts else (mean + shift, var)
+    return mean + shift, var
 
   def one_pass(operands):
     _, mean, fast = operands
-    return (mean, jnp.zeros_like(mean), fast) if parts else (mean, fast)
+    return mean, fast
 
   return lax.cond(well_conditioned, one_pass, two_pass, (raw, mean, fast))
 
@@ -391,13 +484,12 @@ def group_moments(
 
   On one device without a mask the centred variance comes from ``variance``
   (:class:`Variance`; with channel groups ``SHIFTED`` takes the two elements ``shift``
-  from :func:`shifts`, the two-pass formula when they are None; without, the statistics
-  are one op that XLA partitions exactly where it shards a reduced axis,
-  :mod:`jaxnorm._partitioned`); with a mask, for complex or empty inputs from
-  the two-pass formula (:func:`_two_pass`); across devices from each device's two-pass
-  statistics combined in one collective (:func:`_combine_devices`). Counts, ``1/n`` and
-  every sum are in at least float32; the variance comes back in the real dtype, the count
-  in the count dtype.
+  from :func:`shifts`, the two-pass formula when they are None; without, by
+  :func:`_unmasked`, exact also where GSPMD shards a reduced axis); with a mask, for
+  complex or empty inputs from the two-pass formula (:func:`_two_pass`); across devices
+  from each device's statistics combined in one collective (:func:`_combine_devices`).
+  Counts, ``1/n`` and every sum are in at least float32; the variance comes back in the
+  real dtype, the count in the count dtype.
   """
   axes, groups, out_dtype = cfg.axes, cfg.channel_groups, jnp.dtype(cfg.dtype)
   raw = x
@@ -421,9 +513,7 @@ def group_moments(
 
   if valid is None and cfg.center and cfg.axis_name is None:
     if groups is None and not jnp.iscomplexobj(x) and x.size:
-      # Exact, in one all-reduce, where a reduced axis is sharded (also explicitly).
-      both = partitioned.moments(raw, axes, _METHODS[variance], x.dtype)
-      mean, var = both[0], both[1]
+      mean, var = _unmasked(raw, axes, variance, x.dtype)
     elif variance is Variance.CHECKED:
       mean, var = _checked_moments(raw, x.dtype, axes, inv_n, groups)
     elif variance is Variance.TWO_PASS and shift is not None and not jnp.iscomplexobj(x):
@@ -464,35 +554,39 @@ def group_moments(
   return result(*_combine_devices(count, a, d, m2, cfg.axis_name, cfg.axis_index_groups))
 
 
-def _one_device(variance):
-  """``stack([mean, var])`` of ``raw`` over ``axes`` by ``variance``, as
-  ``partitioned.moments`` runs it on one device; with ``parts=True``, ``stack([a, d,
-  var])`` with the mean as ``a + d`` unrounded, as it runs on one shard of several."""
-
-  def method(raw, axes, dtype, parts=False):
-    inv_n = 1.0 / max(1, math.prod(raw.shape[a] for a in axes))
-
-    def uniform(raw, variance=variance):
-      x = raw.astype(dtype)
-      shift = shifts(x, axes) if variance is Variance.SHIFTED else None
-      return jnp.stack(_shifted_moments(x, axes, inv_n, None, shift, parts))
-
-    if variance is Variance.CHECKED:
-      # The fastest forward on XLA:CPU (every form without lax.cond took 1.2-2.2x Flax's
-      # time there); elsewhere the shifted sums: no conditional, whose predicate an
-      # accelerator reads back and whose untaken branch XLA counts (item 38).
-      return lax.platform_dependent(
-        raw,
-        cpu=lambda raw: jnp.stack(_checked_moments(raw, dtype, axes, inv_n, parts=parts)),
-        default=functools.partial(uniform, variance=Variance.SHIFTED),
-      )
-    return uniform(raw)
-
-  return method
+def _unmasked(raw, axes, variance, dtype):
+  """Mean and variance of ``raw`` over ``axes`` in ``dtype``: the merged shifted sums
+  (:func:`merged_moments`) where ``raw`` lies on a mesh (XLA partitions them exactly, in
+  one gather of each shard's sums) and on every platform but XLA:CPU (no conditional, one
+  read of x); on XLA:CPU's single device, ``variance``'s method (its fastest forward:
+  ``Σx ∥ Σx²`` checked, ``benchmarks/RESULTS.md``, item 38), with the same derivative."""
+  if on_mesh(raw):
+    return merged_moments(raw, axes, None, dtype)
+  return on_platform(
+    raw,
+    cpu=lambda raw: _by_method(raw, axes, variance, dtype),
+    default=lambda raw: merged_moments(raw, axes, None, dtype),
+  )
 
 
-# Made once: partitioned.moments caches its op by the method object.
-_METHODS = {variance: _one_device(variance) for variance in Variance}
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
+def _by_method(raw, axes, variance, dtype):
+  inv_n = 1.0 / max(1, math.prod(raw.shape[a] for a in axes))
+  if variance is Variance.CHECKED:
+    return _checked_moments(raw, dtype, axes, inv_n)
+  x = raw.astype(dtype)
+  return _shifted_moments(
+    x, axes, inv_n, None, shifts(x, axes) if variance is Variance.SHIFTED else None
+  )
+
+
+@_by_method.defjvp
+def _by_method_jvp(axes, variance, dtype, primals, tangents):
+  (raw,), (draw,) = primals, tangents
+  mean, var = _by_method(raw, axes, variance, dtype)
+  x, dx = raw.astype(dtype), draw.astype(dtype)
+  dmean = jnp.mean(dx, axes, keepdims=True)
+  return (mean, var), (dmean, 2.0 * jnp.mean((x - mean) * (dx - dmean), axes, keepdims=True))
 
 
 def moments(

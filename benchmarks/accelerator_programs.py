@@ -1,0 +1,229 @@
+"""jaxnorm's and Flax's programs compiled for TPUs and an H100 without a device (issue 43).
+
+Every norm's forward and forward+backward, compiled for a TPU generation (libtpu's
+``jax.experimental.topologies``) or an H100 (the CUDA plugin, ``gpu_programs.H100``), and
+counted: kernels (top-level operations other than bookkeeping: parameters, tuples,
+bitcasts, constants and the asynchronous parameter copies every program has alike) and
+bytes over |x| (XLA's ``cost_analysis`` on TPUs; on GPUs, whose cost analysis needs a
+device, :func:`gpu_programs.kernels_and_bytes`). Columns: jaxnorm / Flax's default
+(``E[x²] − E[x]²``) / Flax's ``use_fast_variance=False`` (two passes); ``**`` marks a
+jaxnorm program with more kernels than Flax's two-pass or more bytes than Flax's default.
+``--sharded`` compiles the layouts of issue 43's point 2 on a 4-chip mesh instead and
+counts collectives and all-gathers of x.
+
+  pip install "jax[tpu]==<jax's version>"            # libtpu, no TPU needed
+  PYTHONPATH=. python benchmarks/accelerator_programs.py --platform tpu --topology v5e:2x2
+  PYTHONPATH=. python benchmarks/accelerator_programs.py --platform tpu --sharded
+  # in a venv with the CUDA plugin (gpu_programs.py's docstring):
+  JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu PYTHONPATH=. \\
+      python benchmarks/accelerator_programs.py --platform gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_norms  # noqa: E402
+
+import jaxnorm  # noqa: E402
+
+BOOKKEEPING = {
+  "parameter", "tuple", "get-tuple-element", "bitcast", "constant", "after-all",
+  "partition-id", "replica-id", "copy-start", "copy-done",
+}  # fmt: skip
+COLLECTIVES = ("all-reduce", "all-gather", "collective-permute", "all-to-all", "reduce-scatter")
+ROWS = [(16, 512, 768), (4, 1024, 4096), (2, 1024, 8192), (8192, 768), (4096, 4096)]
+CASES = [  # (norm, shape): issue 43's shapes users train with
+  *((k, s) for s in ROWS for k in ("layer", "rms")),
+  *((k, s) for s in ROWS[:2] for k in ("add_layer", "add_rms", "batch_train")),
+  ("layer", (8, 256, 1152)),  # DiT
+  *(
+    (k, s) for s in ((256, 56, 56, 64), (256, 14, 14, 1024)) for k in ("batch_train", "batch_eval")
+  ),
+  *(("group", s) for s in ((8, 64, 64, 320), (32, 32, 32, 512))),
+  ("instance", (32, 64, 64, 128)),
+  ("layer", (32, 28, 28, 256)),  # LayerNorm over (H, W, C)
+]
+LIBS = ("jaxnorm", "flax", "flax2")
+
+
+def tpu_mesh(topology: str, chips: int = 1) -> Mesh:
+  from jax.experimental import topologies  # noqa: PLC0415
+
+  devices = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
+  return Mesh(np.array(devices[:chips]), ("d",))
+
+
+def gpu_mesh() -> Mesh:
+  import gpu_programs  # noqa: PLC0415
+  from jax.experimental import topologies  # noqa: PLC0415
+
+  topology = topologies.get_topology_desc(
+    platform="cuda", target_config=gpu_programs.H100, topology="1x1x1"
+  )
+  return topologies.make_mesh(topology, (1,), ("d",))
+
+
+def kernels(hlo: str) -> int:
+  """Top-level operations of the entry computation other than bookkeeping."""
+  entry = hlo[hlo.index("\nENTRY") :]
+  entry = entry[: entry.index("\n}")]
+  ops = re.findall(r"^\s*(?:ROOT )?%\S+ = (?:\([^=]*?\)|\S+) ([a-z\-]+)\(", entry, re.M)
+  return sum(op not in BOOKKEEPING for op in ops)
+
+
+def collectives(hlo: str) -> dict[str, int]:
+  return {op: len(re.findall(rf" {op}(?:-start)?\(", hlo)) for op in COLLECTIVES}
+
+
+def measure(compiled, nbytes: int, platform: str) -> tuple[int, float]:
+  """Kernels and bytes over |x| of a compiled program."""
+  hlo = compiled.as_text()
+  if platform == "gpu":
+    import gpu_programs  # noqa: PLC0415
+
+    count, moved = gpu_programs.kernels_and_bytes(hlo)
+    return count, moved / nbytes
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  return kernels(hlo), cost["bytes accessed"] / nbytes
+
+
+def programs(kind, shape, dtype, sharding):
+  """Each library's compiled forward and forward+backward: {(lib, pass): compiled}."""
+  dt = jnp.dtype(dtype)
+  x, cot = jax.eval_shape(lambda: bench_norms.inputs(kind, shape, dt))
+  x0 = x[0] if isinstance(x, tuple) else x
+  variables = jax.eval_shape(
+    lambda: bench_norms._module(nn, kind, len(shape), dt).init(
+      jax.random.key(0), jnp.zeros(x0.shape, x0.dtype)
+    )
+  )
+  rest = {k: v for k, v in variables.items() if k != "params"}
+  replicated = NamedSharding(sharding.mesh, P())
+
+  def abstract(tree, spec=replicated):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=spec), tree)
+
+  params = abstract((variables["params"], rest))
+  xa, cota = abstract(x, sharding), abstract(cot, sharding)
+  out = {}
+  for lib in LIBS:
+    if lib == "flax2" and kind in ("rms", "add_rms", "batch_eval"):
+      continue  # (no variance)
+    module = bench_norms._module(jaxnorm if lib == "jaxnorm" else nn, kind, len(shape), dt)
+    if lib == "flax2":
+      module = module.clone(use_fast_variance=False)
+    forward = bench_norms.module_forward(module, kind, fused_add=lib == "jaxnorm")
+    fwd_bwd = bench_norms.forward_backward(forward)
+    out[(lib, "forward")] = jax.jit(forward).lower(params[0], xa, params[1]).compile()
+    out[(lib, "fwd+bwd")] = jax.jit(fwd_bwd).lower(params[0], xa, params[1], cota).compile()
+  return out, x0.size * dt.itemsize
+
+
+def table(mesh: Mesh, platform: str, dtypes=("bfloat16", "float32")):
+  """Prints the per-norm table and returns the geometric means of fwd+bwd bytes."""
+  print(
+    "| norm | shape | dtype | forward kernels | forward bytes | fwd+bwd kernels | fwd+bwd bytes |"
+  )
+  print("|---|---|---|---|---|---|---|")
+  ratios: list[float] = []
+  replicated = NamedSharding(mesh, P())
+  for kind, shape in CASES:
+    for dtype in dtypes:
+      progs, nbytes = programs(kind, shape, dtype, replicated)
+      cells = []
+      for pass_ in ("forward", "fwd+bwd"):
+        got = {
+          lib: measure(progs[(lib, pass_)], nbytes, platform)
+          for lib in LIBS
+          if (lib, pass_) in progs
+        }
+        two = got.get("flax2", got["flax"])
+        flag = (
+          " **" if got["jaxnorm"][0] > two[0] or got["jaxnorm"][1] > 1.005 * got["flax"][1] else ""
+        )
+        cells.append(" / ".join(str(k) for k, _ in got.values()))
+        cells.append(" / ".join(f"{b:.2f}" for _, b in got.values()) + flag)
+        if pass_ == "fwd+bwd":
+          ratios.append(got["jaxnorm"][1] / got["flax"][1])
+      shape_text = "×".join(map(str, shape))
+      print(f"| {kind} | {shape_text} | {dtype} | " + " | ".join(cells) + " |", flush=True)
+  mean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+  print(
+    f"\nfwd+bwd bytes, geometric mean of jaxnorm / Flax over {len(ratios)} cases: **{mean:.3f}**"
+  )
+  return mean
+
+
+SHARDED = [  # (norm, shape, layout) on 4 chips: issue 43's point 2
+  ("batch_train", (64, 28, 28, 64), P("d")),  # batch
+  ("batch_train", (64, 28, 28, 64), P(None, None, None, "d")),  # features
+  ("layer", (8, 512, 1024), P("d")),  # batch
+  ("layer", (8, 512, 1024), P(None, None, "d")),  # features
+  ("layer", (8, 512, 1024), P("d", "d2")),  # batch + sequence
+  ("rms", (8, 512, 1024), P("d", "d2")),
+  ("group", (8, 32, 32, 256), P("d", "d2")),  # batch + H
+  ("instance", (8, 32, 32, 256), P("d")),
+]
+
+
+def sharded(mesh2: Mesh):
+  """Collectives of each layout's programs, jaxnorm / Flax."""
+  print("| norm | shape | layout | forward collectives | fwd+bwd collectives | all-gathers of x |")
+  print("|---|---|---|---|---|---|")
+  for kind, shape, spec in SHARDED:
+    progs, _ = programs(kind, shape, "float32", NamedSharding(mesh2, spec))
+    cells, gathers = [], 0
+    for pass_ in ("forward", "fwd+bwd"):
+      counts = [
+        sum(collectives(progs[(lib, pass_)].as_text()).values()) for lib in ("jaxnorm", "flax")
+      ]
+      flag = " **" if counts[0] > counts[1] else ""
+      cells.append(f"{counts[0]} / {counts[1]}{flag}")
+      size = "x".join(map(str, shape))
+      gathers += len(
+        re.findall(
+          rf"f32\[{size.replace('x', ',')}\][^ ]* all-gather", progs[("jaxnorm", pass_)].as_text()
+        )
+      )
+    print(
+      f"| {kind} | {'×'.join(map(str, shape))} | {spec} | " + " | ".join(cells) + f" | {gathers} |",
+      flush=True,
+    )
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--platform", choices=("tpu", "gpu"), default="tpu")
+  parser.add_argument("--topology", default="v5e:2x2")
+  parser.add_argument("--sharded", action="store_true")
+  args = parser.parse_args()
+  versions = f"jax {jax.__version__}, flax {__import__('flax').__version__}"
+  if args.sharded:
+    from jax.experimental import topologies  # noqa: PLC0415
+
+    devices = topologies.get_topology_desc(topology_name=args.topology, platform="tpu").devices
+    mesh2 = Mesh(np.array(devices[:4]).reshape(2, 2), ("d", "d2"))
+    print(f"# Collectives on a 4-chip {args.topology}, jaxnorm / Flax ({versions})\n")
+    return sharded(mesh2)
+  mesh = tpu_mesh(args.topology) if args.platform == "tpu" else gpu_mesh()
+  print(f"# {mesh.devices.flat[0].device_kind}: jaxnorm / Flax / Flax two-pass ({versions})\n")
+  print("Kernels: top-level operations other than bookkeeping; bytes over |x|.\n")
+  table(mesh, args.platform)
+
+
+if __name__ == "__main__":
+  main()

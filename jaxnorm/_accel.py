@@ -1,0 +1,77 @@
+"""Flax's program for the norms, with statistics that stay exact: TPUs, GPUs and meshes.
+
+On every platform but XLA:CPU, and on XLA:CPU where ``x`` lies on a mesh, the unmasked
+norms of one device's view are written as Flax writes them — statistics, then
+``(x − μ)·r·γ + β`` differentiated by JAX — so XLA emits Flax's kernels and traffic
+(``benchmarks/accelerator_programs.py``). The one difference is the statistics:
+:func:`jaxnorm._stats.merged_moments`, one reduction that reads ``x`` once as Flax's
+``Σx ∥ Σx²`` does but shifts each group's sums by an element of it, exact for any offset,
+and that GSPMD partitions exactly with nothing custom in the program (sharded programs
+export, compile ahead of time for TPUs and hit the persistent cache). XLA:CPU's single
+device keeps :mod:`jaxnorm._kernel`, tuned for it (``benchmarks/RESULTS.md``, item 47).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxnorm._config import Config
+from jaxnorm._dtypes import count_dtype, promote, real_dtype
+from jaxnorm._stats import Moments, group_sum, merged_moments
+
+
+def applies(x: jax.Array, scale: Any, bias: Any, mask: Any, cfg: Config) -> bool:
+  """Whether :func:`affine_normalize` computes this call: real data, no mask, no mapped
+  axis, ε inside the root (the rest keeps :mod:`jaxnorm._kernel` on every platform)."""
+  return (
+    mask is None
+    and cfg.axis_name is None
+    and cfg.epsilon_in_root
+    and x.size > 0
+    and not any(jnp.iscomplexobj(a) for a in (x, scale, bias))
+    and not jnp.issubdtype(cfg.dtype, jnp.complexfloating)
+  )
+
+
+def affine_normalize(
+  x: jax.Array, scale: Any, bias: Any, epsilon: jax.Array, cfg: Config
+) -> tuple[jax.Array, Moments]:
+  """``(y, Moments)`` as :func:`jaxnorm._kernel.affine_normalize` returns them (the
+  statistics with kept dims, a group's repeated on its channels), in Flax's form."""
+  acc = promote(cfg.dtype, jnp.float32)
+  xs = x.astype(cfg.dtype)
+  wide = xs.astype(acc)
+  groups, n = cfg.channel_groups, math.prod(x.shape[a] for a in cfg.axes)
+  if groups is not None:
+    n *= x.shape[groups[0]] // groups[1]
+  if cfg.center:
+    # (x itself where converting it is exact: its shift is then sliced before the conversion)
+    exact = jnp.issubdtype(x.dtype, jnp.floating) and promote(x.dtype, cfg.dtype) == cfg.dtype
+    mean, var = merged_moments(x if exact else xs, cfg.axes, groups, acc)
+  else:
+    mean, var = jnp.zeros((), acc), group_sum(wide * wide, cfg.axes, groups) / n
+
+  def guard(var):  # (an overflowed Σx²: NaN, not a confident 0)
+    return jnp.where(var < jnp.inf, var, jnp.nan)
+
+  # (not RMSNorm's on XLA:GPU: the guard split it in three kernels, RESULTS item 41)
+  guarded = (
+    guard(var) if cfg.center else lax.platform_dependent(var, tpu=guard, default=lambda v: v)
+  )
+  r = lax.rsqrt(guarded + epsilon.astype(acc)).astype(cfg.dtype)
+  y = ((xs - mean.astype(cfg.dtype)) if cfg.center else xs) * r
+  if scale is not None:
+    y = y * scale
+  if bias is not None:
+    y = y + bias
+  kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))
+  mean_out = jnp.broadcast_to(mean, kept)
+  count = jnp.full(kept, n, count_dtype(acc))
+  return y.astype(cfg.out_dtype), Moments(
+    mean_out.astype(cfg.dtype), var.astype(real_dtype(cfg.dtype)), count
+  )
