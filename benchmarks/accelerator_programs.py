@@ -6,17 +6,22 @@ counted: kernels (top-level operations other than bookkeeping: parameters, tuple
 bitcasts, constants and the asynchronous parameter copies every program has alike) and
 bytes over |x| (XLA's ``cost_analysis`` on TPUs; on GPUs, whose cost analysis needs a
 device, :func:`gpu_programs.kernels_and_bytes`). Columns: jaxnorm / Flax's default
-(``E[x²] − E[x]²``) / Flax's ``use_fast_variance=False`` (two passes); ``**`` marks a
-jaxnorm program with more kernels than Flax's two-pass or more bytes than Flax's default.
-``--sharded`` compiles the layouts of issue 43's point 2 on a 4-chip mesh instead and
+(``E[x²] − E[x]²``) / Flax's ``use_fast_variance=False`` (two passes); ``*`` marks a
+jaxnorm program with more kernels or bytes than Flax's default, ``**`` one with more than
+Flax's two-pass program too.
+``--modern`` compiles the adaptive norms, DyT and Batch Renorm instead. ``--sharded``
+compiles the layouts of issue 43's point 2 on a 4-chip mesh instead and
 counts collectives and all-gathers of x.
 
   pip install "jax[tpu]==<jax's version>"            # libtpu, no TPU needed
-  PYTHONPATH=. python benchmarks/accelerator_programs.py --platform tpu --topology v5e:2x2
-  PYTHONPATH=. python benchmarks/accelerator_programs.py --platform tpu --sharded
-  # in a venv with the CUDA plugin (gpu_programs.py's docstring):
+  R=benchmarks/results/accelerators
+  PYTHONPATH=. python benchmarks/accelerator_programs.py --topology v5e:2x2 > $R/tpu_v5e.md
+  PYTHONPATH=. python benchmarks/accelerator_programs.py --topology v6e:2x2 > $R/tpu_v6e.md
+  PYTHONPATH=. python benchmarks/accelerator_programs.py --modern > $R/tpu_v5e_modern.md
+  PYTHONPATH=. python benchmarks/accelerator_programs.py --sharded > $R/tpu_v5e_sharded.md
+  # in a venv with the CUDA plugin (gpu_programs.py's docstring), the same with
   JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu PYTHONPATH=. \\
-      python benchmarks/accelerator_programs.py --platform gpu
+      python benchmarks/accelerator_programs.py --platform gpu [--modern] > $R/h100[_modern].md
 """
 
 from __future__ import annotations
@@ -27,12 +32,14 @@ import os
 import re
 import sys
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # (several runs at once share libtpu)
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_norms  # noqa: E402
@@ -152,9 +159,10 @@ def table(mesh: Mesh, platform: str, dtypes=("bfloat16", "float32")):
           if (lib, pass_) in progs
         }
         two = got.get("flax2", got["flax"])
-        flag = (
-          " **" if got["jaxnorm"][0] > two[0] or got["jaxnorm"][1] > 1.005 * got["flax"][1] else ""
-        )
+        (k, b), (kf, bf) = got["jaxnorm"], got["flax"]
+        flag = ""  # (* above Flax's default program, ** above its two-pass one too)
+        if k > kf or b > 1.005 * bf:
+          flag = " **" if k > two[0] or b > 1.005 * two[1] else " *"
         cells.append(" / ".join(str(k) for k, _ in got.values()))
         cells.append(" / ".join(f"{b:.2f}" for _, b in got.values()) + flag)
         if pass_ == "fwd+bwd":
@@ -166,6 +174,62 @@ def table(mesh: Mesh, platform: str, dtypes=("bfloat16", "float32")):
     f"\nfwd+bwd bytes, geometric mean of jaxnorm / Flax over {len(ratios)} cases: **{mean:.3f}**"
   )
   return mean
+
+
+def modern(mesh: Mesh, platform: str):
+  """The adaptive norms and DyT (jaxnorm against the hand-written ``jnp`` form,
+  :mod:`bench_modern`) and Batch Renorm's training step (against Flax's BatchNorm's)."""
+  import bench_modern  # noqa: PLC0415
+
+  print(
+    "| norm | shape | dtype | forward kernels | forward bytes | fwd+bwd kernels | fwd+bwd bytes |"
+  )
+  print("|---|---|---|---|---|---|---|")
+  rng = np.random.default_rng(0)
+  replicated = NamedSharding(mesh, P())
+
+  def abstract(tree):
+    return jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=replicated), tree
+    )
+
+  rows = [(k, s) for k in ("adaln", "adarms", "dyt") for s in bench_modern.SHAPES.values()]
+  for kind, shape in [*rows, ("renorm", (256, 56, 56, 64))]:
+    for dtype in ("bfloat16", "float32"):
+      dt = jnp.dtype(dtype)
+      x = abstract(jax.ShapeDtypeStruct(shape, dt))
+      if kind == "renorm":
+        forms = {}
+        for name, module in (
+          ("jaxnorm", jaxnorm.BatchRenorm(use_running_average=False, warmup_steps=0,
+                                          r_max_steps=None, d_max_steps=None, dtype=dt)),
+          ("flax", nn.BatchNorm(use_running_average=False, dtype=dt)),
+        ):  # fmt: skip
+          variables = abstract(jax.eval_shape(module.init, jax.random.key(0), x))
+          rest = {k: v for k, v in variables.items() if k != "params"}
+          forms[name] = (
+            lambda p, x, _, m=module: m.apply({**p[1], "params": p[0]}, x, mutable=list(p[1]))[0],
+            (variables["params"], rest),
+          )
+      else:
+        params = abstract(bench_modern.params_for(kind, shape, rng))
+        written = bench_modern.forms(kind)
+        forms = {n: (written[n], params) for n in ("jaxnorm", "jnp")}
+      cells = []
+      for pass_ in ("forward", "fwd+bwd"):
+        got = []
+        for fn, params in forms.values():
+          f = fn if pass_ == "forward" else bench_norms.forward_backward(fn)
+          args = (params, x, None) if pass_ == "forward" else (params, x, None, x)
+          got.append(
+            measure(jax.jit(f).lower(*args).compile(), math.prod(shape) * dt.itemsize, platform)
+          )
+        flag = " **" if got[0][0] > got[1][0] or got[0][1] > 1.005 * got[1][1] else ""
+        cells += [" / ".join(str(k) for k, _ in got), " / ".join(f"{b:.2f}" for _, b in got) + flag]
+      print(
+        f"| {kind} | {'×'.join(map(str, shape))} | {dtype} | " + " | ".join(cells) + " |",
+        flush=True,
+      )
 
 
 SHARDED = [  # (norm, shape, layout) on 4 chips: issue 43's point 2
@@ -210,6 +274,7 @@ def main():
   parser.add_argument("--platform", choices=("tpu", "gpu"), default="tpu")
   parser.add_argument("--topology", default="v5e:2x2")
   parser.add_argument("--sharded", action="store_true")
+  parser.add_argument("--modern", action="store_true")
   args = parser.parse_args()
   versions = f"jax {jax.__version__}, flax {__import__('flax').__version__}"
   if args.sharded:
@@ -220,6 +285,10 @@ def main():
     print(f"# Collectives on a 4-chip {args.topology}, jaxnorm / Flax ({versions})\n")
     return sharded(mesh2)
   mesh = tpu_mesh(args.topology) if args.platform == "tpu" else gpu_mesh()
+  if args.modern:
+    print(f"# {mesh.devices.flat[0].device_kind}: modern norms, jaxnorm / jnp form ({versions})\n")
+    print("Batch Renorm's training step against Flax's BatchNorm's.\n")
+    return modern(mesh, args.platform)
   print(f"# {mesh.devices.flat[0].device_kind}: jaxnorm / Flax / Flax two-pass ({versions})\n")
   print("Kernels: top-level operations other than bookkeeping; bytes over |x|.\n")
   table(mesh, args.platform)

@@ -64,9 +64,14 @@ def affine_normalize(
     guard(var) if cfg.center else lax.platform_dependent(var, tpu=guard, default=lambda v: v)
   )
   r = lax.rsqrt(guarded + epsilon.astype(acc)).astype(cfg.dtype)
-  y = ((xs - mean.astype(cfg.dtype)) if cfg.center else xs) * r
-  if scale is not None:
-    y = y * scale
+  y = (xs - mean.astype(cfg.dtype)) if cfg.center else xs
+  if scale is None:
+    y = y * r
+  elif cfg.center and jnp.broadcast_shapes(r.shape, scale.shape) == x.shape:
+    y = y * r * scale  # (per-row r, per-sample γ: their product x's size, read again; not
+    # RMSNorm's: x·r·γ made XLA:GPU's bfloat16 forward+backward 11|x| against Flax's 10)
+  else:  # (r·γ first, as Flax: the derivative's reductions share one shape; a separate ·γ
+    y = y * (r * scale)  # made XLA:GPU write x̂ out: 16|x| against 11, bfloat16 InstanceNorm)
   if bias is not None:
     y = y + bias
   kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))

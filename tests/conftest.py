@@ -53,6 +53,9 @@ def _test_xla_flags() -> tuple[str, ...]:
 
 
 TEST_XLA_FLAGS = _test_xla_flags()
+# With libtpu installed (tests/test_accelerator_programs.py compiles for TPUs without one),
+# each worker loads it: let them share it instead of failing on its lock file.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
