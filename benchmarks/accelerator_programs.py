@@ -19,6 +19,7 @@ counts collectives and all-gathers of x.
   PYTHONPATH=. python benchmarks/accelerator_programs.py --topology v6e:2x2 > $R/tpu_v6e.md
   PYTHONPATH=. python benchmarks/accelerator_programs.py --modern > $R/tpu_v5e_modern.md
   PYTHONPATH=. python benchmarks/accelerator_programs.py --sharded > $R/tpu_v5e_sharded.md
+  # (--platform gpu --sharded: the same layouts on four H100s)
   # in a venv with the CUDA plugin (gpu_programs.py's docstring), the same with
   JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu PYTHONPATH=. \\
       python benchmarks/accelerator_programs.py --platform gpu [--modern] > $R/h100[_modern].md
@@ -280,9 +281,17 @@ def main():
   if args.sharded:
     from jax.experimental import topologies  # noqa: PLC0415
 
-    devices = topologies.get_topology_desc(topology_name=args.topology, platform="tpu").devices
+    if args.platform == "tpu":
+      devices = topologies.get_topology_desc(topology_name=args.topology, platform="tpu").devices
+    else:
+      import gpu_programs  # noqa: PLC0415
+
+      devices = topologies.get_topology_desc(
+        platform="cuda", target_config=gpu_programs.H100, topology="1x1x4"
+      ).devices
     mesh2 = Mesh(np.array(devices[:4]).reshape(2, 2), ("d", "d2"))
-    print(f"# Collectives on a 4-chip {args.topology}, jaxnorm / Flax ({versions})\n")
+    where = args.topology if args.platform == "tpu" else "4 × H100"
+    print(f"# Collectives on a 4-chip {where}, jaxnorm / Flax ({versions})\n")
     return sharded(mesh2)
   mesh = tpu_mesh(args.topology) if args.platform == "tpu" else gpu_mesh()
   if args.modern:

@@ -67,9 +67,10 @@ def affine_normalize(
   y = (xs - mean.astype(cfg.dtype)) if cfg.center else xs
   if scale is None:
     y = y * r
-  elif cfg.center and jnp.broadcast_shapes(r.shape, scale.shape) == x.shape:
-    y = y * r * scale  # (per-row r, per-sample γ: their product x's size, read again; not
-    # RMSNorm's: x·r·γ made XLA:GPU's bfloat16 forward+backward 11|x| against Flax's 10)
+  elif jnp.broadcast_shapes(r.shape, scale.shape) == x.shape and (
+    cfg.center or jnp.size(scale) > math.prod(x.shape[a] for a in cfg.features)
+  ):  # (per-row r, per-feature or per-sample γ: r·γ is x's size, read again; RMSNorm's
+    y = y * r * scale  # per-feature γ excepted, x·r·γ 11|x| against 10 on XLA:GPU)
   else:  # (r·γ first, as Flax: the derivative's reductions share one shape; a separate ·γ
     y = y * (r * scale)  # made XLA:GPU write x̂ out: 16|x| against 11, bfloat16 InstanceNorm)
   if bias is not None:

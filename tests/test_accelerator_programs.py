@@ -125,15 +125,19 @@ def test_accelerator_branch_second_order_and_strict_promotion(norm, rng, monkeyp
   assert np.abs(expected).max() > 0.1  # (a non-trivial second derivative)
 
 
+@pytest.mark.parametrize("per_outer", [False, True], ids=["one_device", "mesh"])
 @pytest.mark.parametrize("groups", [None, (3, 4)], ids=["channels", "groups"])
-def test_gpu_column_statistics_exact_far_off_centre(rng, groups):
+def test_gpu_column_statistics_exact_far_off_centre(rng, groups, per_outer):
   """XLA:GPU's column statistics (plain sums shifted by two elements of each group, where a
-  variadic column reduction would write its operands out) at 1e4 ± 1, with their
+  variadic column reduction would write its operands out; on a mesh, per index of the
+  first reduced axis, merged over it) at 1e4 ± 1, with their
   derivative: mean and variance as the float64 reference's."""
   x = rng.normal(1e4, 1.0, (16, 6, 6, 8)).astype(np.float32)
   axes = (0, 1, 2) if groups is None else (1, 2)
   mean, var = jax.jit(
-    lambda x: jaxnorm._stats._moments_of(jaxnorm._stats._two_shifts(x, axes, x.dtype), groups)
+    lambda x: jaxnorm._stats._moments_of(
+      jaxnorm._stats._two_shifts(x, axes, x.dtype, per_outer), groups
+    )
   )(x)
   x64 = x.astype(np.float64)
   if groups is not None:
