@@ -22,7 +22,7 @@ from jax import lax
 
 from jaxnorm._config import Config
 from jaxnorm._dtypes import count_dtype, promote, real_dtype
-from jaxnorm._stats import Moments, group_sum, merged_moments
+from jaxnorm._stats import Moments, group_sum, merged_moments, sharded_axes
 
 
 def applies(x: jax.Array, scale: Any, bias: Any, mask: Any, cfg: Config) -> bool:
@@ -68,9 +68,10 @@ def affine_normalize(
   if scale is None:
     y = y * r
   elif jnp.broadcast_shapes(r.shape, scale.shape) == x.shape and (
-    cfg.center or jnp.size(scale) > math.prod(x.shape[a] for a in cfg.features)
-  ):  # (per-row r, per-feature or per-sample γ: r·γ is x's size, read again; RMSNorm's
-    y = y * r * scale  # per-feature γ excepted, x·r·γ 11|x| against 10 on XLA:GPU)
+    cfg.center or jnp.size(scale) > math.prod(x.shape[a] for a in cfg.features) or sharded_axes(x)
+  ):  # (per-row r, per-feature or per-sample γ: r·γ is x's size, read again, and under
+    # explicit sharding replicated, its transpose gathering x; RMSNorm's per-feature γ
+    y = y * r * scale  # excepted: x·r·γ 11|x| against 10 on XLA:GPU)
   else:  # (r·γ first, as Flax: the derivative's reductions share one shape; a separate ·γ
     y = y * (r * scale)  # made XLA:GPU write x̂ out: 16|x| against 11, bfloat16 InstanceNorm)
   if bias is not None:
