@@ -22,7 +22,7 @@ from jax import lax
 
 from jaxnorm._config import Config
 from jaxnorm._dtypes import count_dtype, promote, real_dtype
-from jaxnorm._stats import Moments, group_sum, merged_moments, sharded_axes
+from jaxnorm._stats import Moments, elements_per_group, group_sum, merged_moments, sharded_axes
 
 
 def applies(x: jax.Array, scale: Any, bias: Any, mask: Any, cfg: Config) -> bool:
@@ -45,15 +45,14 @@ def affine_normalize(
   statistics with kept dims, a group's repeated on its channels), in Flax's form."""
   acc = promote(cfg.dtype, jnp.float32)
   xs = x.astype(cfg.dtype)
-  wide = xs.astype(acc)
-  groups, n = cfg.channel_groups, math.prod(x.shape[a] for a in cfg.axes)
-  if groups is not None:
-    n *= x.shape[groups[0]] // groups[1]
+  groups = cfg.channel_groups
+  n = elements_per_group(x.shape, cfg.axes, groups)
   if cfg.center:
     # (x itself where converting it is exact: its shift is then sliced before the conversion)
     exact = jnp.issubdtype(x.dtype, jnp.floating) and promote(x.dtype, cfg.dtype) == cfg.dtype
     mean, var = merged_moments(x if exact else xs, cfg.axes, groups, acc)
   else:
+    wide = xs.astype(acc)
     mean, var = jnp.zeros((), acc), group_sum(wide * wide, cfg.axes, groups) / n
 
   def guard(var):  # (an overflowed Σx²: NaN, not a confident 0)

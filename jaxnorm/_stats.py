@@ -309,16 +309,17 @@ def _differentiated(raw, axes, groups, dtype):
   return _moments_of(parts, groups)
 
 
-def _group_size(shape, axes, groups):
+def elements_per_group(shape: tuple[int, ...], axes: tuple[int, ...], groups: Any = None) -> int:
+  """The number of elements in each group reduced over ``axes`` (and channel ``groups``)."""
   return math.prod(shape[a] for a in axes) * (
     1 if groups is None else shape[groups[0]] // groups[1]
   )
 
 
 def _two_passes(raw, axes, groups, dtype):
-  x = raw.astype(dtype)
-  mean = group_sum(x, axes, groups) / _group_size(x.shape, axes, groups)
-  return mean, group_sum(jnp.square(x - mean), axes, groups) / _group_size(x.shape, axes, groups)
+  x, n = raw.astype(dtype), elements_per_group(raw.shape, axes, groups)
+  mean = group_sum(x, axes, groups) / n
+  return mean, group_sum(jnp.square(x - mean), axes, groups) / n
 
 
 def _textbook_jvp(primal):
@@ -329,7 +330,7 @@ def _textbook_jvp(primal):
     (raw,), (draw,) = primals, tangents
     mean, var = primal(raw, axes, groups, dtype)
     x, dx = raw.astype(dtype), draw.astype(dtype)
-    n = _group_size(x.shape, axes, groups)
+    n = elements_per_group(x.shape, axes, groups)
     dmean = group_sum(dx, axes, groups) / n
     return (mean, var), (dmean, 2.0 * group_sum((x - mean) * dx, axes, groups) / n)
 

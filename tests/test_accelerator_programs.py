@@ -19,6 +19,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxnorm
+from benchmarks import accelerator_programs as programs
 from tests import reference as ref
 
 NORMS = [  # (name, module factory, shape, reduced axes, ε)
@@ -261,25 +262,13 @@ def _tpu_devices(topology="v5e:2x2"):
   return topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
 
 
-def _cost(compiled):
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
-  entry = compiled.as_text().split("\nENTRY", 1)[1].split("\n}", 1)[0]
-  ops = re.findall(r"^\s*(?:ROOT )?%\S+ = (?:\([^=]*?\)|\S+) ([a-z\-]+)\(", entry, re.M)
-  bookkeeping = {"parameter", "tuple", "get-tuple-element", "bitcast", "constant", "copy-start",
-                 "copy-done"}  # fmt: skip
-  return sum(op not in bookkeeping for op in ops), cost["bytes accessed"]
-
-
-TPU_NORMS = [  # (name, module factory, shape)
-  ("batch", lambda m, **kw: m.BatchNorm(use_running_average=False, **kw), (32, 16, 16, 128)),
-  ("layer", lambda m, **kw: m.LayerNorm(**kw), (8, 256, 768)),
-  ("rms", lambda m, **kw: m.RMSNorm(**kw), (8, 256, 768)),
-  ("group", lambda m, **kw: m.GroupNorm(num_groups=32, **kw), (8, 16, 16, 256)),
-  ("instance", lambda m, **kw: m.InstanceNorm(**kw), (8, 16, 16, 128)),
+TPU_NORMS = [  # (bench_norms kind, shape): bench_norms._module's BatchNorm, LayerNorm, ...
+  ("batch_train", (32, 16, 16, 128)),
+  ("layer", (8, 256, 768)),
+  ("rms", (8, 256, 768)),
+  ("group", (8, 16, 16, 256)),
+  ("instance", (8, 16, 16, 128)),
 ]
-
-
 _SMALL_GROUPS = pytest.mark.xfail(
   strict=True,
   reason="GroupNorm on a small map (8x16x16x256): the per-channel sums' regrouping is ~9 "
@@ -289,57 +278,26 @@ _SMALL_GROUPS = pytest.mark.xfail(
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize(
-  "name,make,shape",
+  "kind,shape",
   [pytest.param(*c, id=c[0], marks=_SMALL_GROUPS if c[0] == "group" else ()) for c in TPU_NORMS],
 )
-def test_tpu_programs_cost_what_flax_costs(name, make, shape, dtype):
-  """Compiled for a TPU v5e: jaxnorm's forward and forward+backward move no more bytes
-  than Flax's default (approximate) program and launch no more kernels than Flax's
-  ``use_fast_variance=False`` program (exact statistics) or its default one, plus one
-  (the merged reduction's combine, where XLA:TPU splits it off: RESULTS item 47)."""
+def test_tpu_programs_cost_what_flax_costs(kind, shape, dtype):
+  """Compiled for a TPU v5e (``benchmarks/accelerator_programs.py``'s programs and counts):
+  jaxnorm's forward and forward+backward move no more bytes than Flax's default
+  (approximate) program and launch no more kernels than Flax's ``use_fast_variance=False``
+  program (exact statistics) or its default one, plus one (the merged reduction's
+  combine, where XLA:TPU splits it off: RESULTS item 47)."""
   devices = _tpu_devices()
   mesh = Mesh(np.array(devices[:1]), ("d",))
-  kw = {} if dtype == "float32" else {"dtype": jnp.dtype(dtype)}
-  x = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=NamedSharding(mesh, P()))
-  costs = {}
-  for lib, module in (
-    ("jaxnorm", make(jaxnorm, **kw)),
-    ("flax", make(nn, **kw)),
-    ("flax2", None if name == "rms" else make(nn, use_fast_variance=False, **kw)),
-  ):
-    if module is None:
-      continue
-    variables = jax.eval_shape(lambda m=module: m.init(jax.random.key(0), jnp.zeros(shape)))
-    variables = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P())),
-      variables,
-    )
-    mutable = ["batch_stats"] if "batch_stats" in variables else False
-
-    def forward(params, x, rest, module=module, mutable=mutable):
-      out = module.apply({**rest, "params": params}, x, mutable=mutable)
-      return out[0] if mutable else out
-
-    def fwd_bwd(params, x, rest, cot, forward=forward):
-      y, vjp = jax.vjp(lambda p, x: forward(p, x, rest), params, x)
-      return y, vjp(cot)
-
-    rest = {k: v for k, v in variables.items() if k != "params"}
-    costs[lib] = (
-      _cost(jax.jit(forward).lower(variables["params"], x, rest).compile()),
-      _cost(jax.jit(fwd_bwd).lower(variables["params"], x, rest, x).compile()),
-    )
-  for i, program in enumerate(("forward", "forward+backward")):
-    (k, b), (kf, bf) = costs["jaxnorm"][i], costs["flax"][i]
-    k2 = costs.get("flax2", costs["flax"])[i][0]
+  compiled, nbytes = programs.programs(kind, shape, dtype, NamedSharding(mesh, P()))
+  for program in ("forward", "fwd+bwd"):
+    k, b = programs.measure(compiled[("jaxnorm", program)], nbytes, "tpu")
+    kf, bf = programs.measure(compiled[("flax", program)], nbytes, "tpu")
+    k2 = programs.measure(
+      compiled.get(("flax2", program), compiled[("flax", program)]), nbytes, "tpu"
+    )[0]
     assert b <= 1.005 * bf, (program, b / bf)
     assert k <= max(k2, kf + 1), (program, k, kf, k2)
-
-
-def _collectives(compiled):
-  text = compiled.as_text()
-  ops = ("all-reduce", "all-gather", "collective-permute", "all-to-all", "reduce-scatter")
-  return sum(len(re.findall(rf" {op}(?:-start)?\(", text)) for op in ops)
 
 
 _UNCOMBINED = pytest.mark.xfail(
@@ -377,7 +335,7 @@ def test_tpu_sharded_programs_compile_ahead_of_time(name, make, shape, spec):
     )
     step, _ = _step(module, np.zeros(shape, np.float32))
     compiled = jax.jit(step).lower(params, x).compile()
-    counts[lib.__name__] = _collectives(compiled)
+    counts[lib.__name__] = sum(programs.collectives(compiled.as_text()).values())
     if lib is jaxnorm:
       size = ",".join(map(str, shape))
       assert not re.search(rf"f32\[{size}\]\S* all-gather", compiled.as_text())
