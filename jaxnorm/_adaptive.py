@@ -465,6 +465,7 @@ def conditional_batch_norm_step(
   axis_index_groups: Any = None,
   dtype: Any = None,
   force_float32_reductions: bool = True,
+  unbiased_running_var: bool = False,
   layer: str | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, ...] | None]:
   """Conditional batch normalization (de Vries et al. 2017; Miyato & Koyama 2018; BigGAN):
@@ -482,6 +483,8 @@ def conditional_batch_norm_step(
       :func:`jaxnorm.batch_norm_step`.
     axis, epsilon, mask, axis_name, axis_index_groups, dtype, force_float32_reductions: the
       same.
+    unbiased_running_var: store the unbiased batch variance ``n/(n − 1)·var`` in the
+      running average (PyTorch's convention), as :func:`jaxnorm.batch_norm_step`'s.
     layer: the module's name, for warnings.
 
   Returns:
@@ -496,7 +499,7 @@ def conditional_batch_norm_step(
   xhat, updated = step(
     training(), x, None, None, (running_mean, running_var), cfg._replace(out_dtype=cfg.dtype),
     epsilon, mask, use_running_average=use_running_average, initializing=initializing,
-    momentum=momentum, layer=layer,
+    momentum=momentum, unbiased=unbiased_running_var, layer=layer,
   )  # fmt: skip
   gamma, beta = (
     None if t is None else class_parameters(n, t, labels)

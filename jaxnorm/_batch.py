@@ -98,9 +98,12 @@ def check_track_running_stats(name: str, track_running_stats: bool, plain: bool)
 def counts_batches(module: Any) -> bool:
   """Whether a BatchNorm module keeps PyTorch's counter of updates ``num_batches_tracked``:
   with running statistics and PyTorch's convention (``unbiased_running_var``) or its
-  cumulative average (``momentum=None``, which needs the counter)."""
-  return bool(getattr(module, "track_running_stats", True)) and (
-    module.momentum is None or bool(getattr(module, "unbiased_running_var", False))
+  cumulative average (``momentum=None``, which needs the counter), unless its
+  ``count_batches`` is False (PyTorch's InstanceNorm, which never counts)."""
+  return (
+    bool(getattr(module, "track_running_stats", True))
+    and bool(getattr(module, "count_batches", True))
+    and (module.momentum is None or bool(getattr(module, "unbiased_running_var", False)))
   )
 
 
@@ -161,7 +164,8 @@ def check_step(momentum: Any, num_batches_tracked: Any = None) -> None:
   elif num_batches_tracked is None:
     raise ValueError(
       "momentum=None (PyTorch's cumulative average) needs the num_batches_tracked counter; "
-      "give a momentum in [0, 1] (PyTorch's m is 1 - m here) or the counter."
+      "give a momentum in [0, 1] (PyTorch's m is 1 - m here) or the counter (a BatchNorm "
+      "keeps it unless count_batches=False)."
     )
 
 

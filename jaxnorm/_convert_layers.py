@@ -81,6 +81,12 @@ def tensor_to_numpy(value: Any) -> np.ndarray:
   array-like as a NumPy array; a bfloat16 tensor, which NumPy cannot hold, becomes an
   ``ml_dtypes`` bfloat16 array (as JAX's). A copy: ``Tensor.numpy()`` shares the tensor's
   memory, which PyTorch updates in place (running statistics, power-iteration vectors)."""
+  if getattr(value, "is_meta", False):
+    raise ValueError(
+      f"a tensor of shape {tuple(value.shape)} is on PyTorch's meta device, which holds "
+      f"shapes but no values. Materialize the weights first: model.to_empty(device='cpu'), "
+      f"then load its state_dict (or load_state_dict(sd, assign=True))."
+    )
   if hasattr(value, "detach"):
     value = value.detach().cpu()
     if str(value.dtype) == "torch.bfloat16":

@@ -90,7 +90,8 @@ class DyT(eqx.Module):
 
   Attributes:
     shape: the shape of ``weight`` and ``bias`` (the trailing axes of ``x``).
-    alpha (jax.Array): the learned scalar ``α`` (``alpha_init_value``, default 0.5).
+    alpha (jax.Array): the learned scalar ``α`` (``alpha_init_value``, default 0.5), or
+      one per element of ``shape`` with ``alpha_per_feature=True``.
     weight (jax.Array | None): ones of ``shape``, or None (``use_weight=False``).
     bias (jax.Array | None): zeros of ``shape``, or None (``use_bias=False``).
 
@@ -112,12 +113,13 @@ class DyT(eqx.Module):
     use_bias: bool = True,
     *,
     dtype: Any = None,
+    alpha_per_feature: bool = False,
   ):
     """``shape``, ``alpha_init_value``, ``use_weight``, ``use_bias``; ``dtype`` of the
-    parameters (default float32)."""
+    parameters (default float32); ``alpha_per_feature``: ``alpha`` of ``shape``."""
     self.shape = (shape,) if isinstance(shape, int) else tuple(shape)
     dtype = jnp.float32 if dtype is None else dtype
-    self.alpha = jnp.full((), alpha_init_value, dtype)
+    self.alpha = jnp.full(self.shape if alpha_per_feature else (), alpha_init_value, dtype)
     self.weight = jnp.ones(self.shape, dtype) if use_weight else None
     self.bias = jnp.zeros(self.shape, dtype) if use_bias else None
 

@@ -38,8 +38,9 @@ class DyT(nn.Module):
   """Dynamic Tanh (Zhu et al. 2025): ``y = γ·tanh(α·x) + β``, a drop-in for the LayerNorm
   of a Transformer block without statistics (:func:`jaxnorm.dyt`).
 
-  ``α`` is one learned scalar (``params/alpha``, shape ``()``); ``γ``, ``β`` are per feature
-  (``params/scale``, ``params/bias``), as LayerNorm's.
+  ``α`` is one learned scalar (``params/alpha``, shape ``()``; one per feature with
+  ``alpha_per_feature``); ``γ``, ``β`` are per feature (``params/scale``, ``params/bias``),
+  as LayerNorm's.
 
   >>> import jax, jaxnorm
   >>> layer = jaxnorm.DyT()
@@ -57,6 +58,8 @@ class DyT(nn.Module):
     param_dtype: the parameters' dtype (default float32).
     scale_init: initializer of ``γ`` (default ones).
     bias_init: initializer of ``β`` (default zeros).
+    alpha_per_feature: one ``α`` per feature, of ``γ``'s shape (as some DyT ports write
+      it), instead of one scalar (default False, the paper's).
   """
 
   alpha_init_value: float = 0.5
@@ -67,12 +70,15 @@ class DyT(nn.Module):
   param_dtype: Dtype = jnp.float32
   scale_init: Initializer = initializers.ones
   bias_init: Initializer = initializers.zeros
+  alpha_per_feature: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     """Applies ``γ·tanh(α·x) + β`` to ``x``."""
     shape = _feature_shape(x, self.feature_axes)
-    alpha = self.param("alpha", initializers.constant(self.alpha_init_value), (), self.param_dtype)
+    alpha_shape = shape if self.alpha_per_feature else ()
+    init = initializers.constant(self.alpha_init_value)
+    alpha = self.param("alpha", init, alpha_shape, self.param_dtype)
     scale, bias = declare_affine(self, shape, self.use_bias)
     return dyt(x, alpha, scale, bias, feature_axes=self.feature_axes, dtype=self.dtype)
 
@@ -202,6 +208,8 @@ class ConditionalBatchNorm(nn.Module):
     use_bias, use_scale, bias_init, scale_init: the same (the initializers get the
       ``(num_classes, *features)`` shape).
     axis_name, axis_index_groups, force_float32_reductions: as in :class:`jaxnorm.BatchNorm`.
+    unbiased_running_var: store the unbiased batch variance in the running average,
+      PyTorch's convention (:class:`jaxnorm.BatchNorm`'s, without its counter).
   """
 
   num_classes: int
@@ -218,6 +226,7 @@ class ConditionalBatchNorm(nn.Module):
   axis_name: Any = None
   axis_index_groups: Any = None
   force_float32_reductions: bool = True
+  unbiased_running_var: bool = False
 
   @nn.compact
   def __call__(
@@ -246,7 +255,8 @@ class ConditionalBatchNorm(nn.Module):
       momentum=self.momentum, initializing=self.is_initializing(), axis=self.axis,
       epsilon=self.epsilon, mask=mask, axis_name=self.axis_name,
       axis_index_groups=self.axis_index_groups, dtype=self.dtype,
-      force_float32_reductions=self.force_float32_reductions, layer="/".join(self.path),
+      force_float32_reductions=self.force_float32_reductions,
+      unbiased_running_var=self.unbiased_running_var, layer="/".join(self.path),
     )  # fmt: skip
     if updated is not None:
       ra_mean.value, ra_var.value = updated

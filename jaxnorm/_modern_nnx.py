@@ -43,10 +43,11 @@ class DyT(nnx.Module):
   Args:
     num_features: the size of the feature axis (``scale`` and ``bias`` have this shape).
     alpha_init_value, use_bias, use_scale, feature_axes, dtype: as in :class:`jaxnorm.DyT`.
-    param_dtype, scale_init, bias_init: the same.
+    param_dtype, scale_init, bias_init, alpha_per_feature: the same.
     rngs: the random keys of the initializers.
 
-  State: ``alpha`` (shape ``()``), ``scale``, ``bias`` (``nnx.Param``; None when unused).
+  State: ``alpha`` (shape ``()``, or ``(num_features,)`` with ``alpha_per_feature``),
+  ``scale``, ``bias`` (``nnx.Param``; None when unused).
 
   >>> from flax import nnx
   >>> from jaxnorm import nnx as jnnx
@@ -67,10 +68,12 @@ class DyT(nnx.Module):
     param_dtype: Dtype = jnp.float32,
     scale_init: Initializer = initializers.ones,
     bias_init: Initializer = initializers.zeros,
+    alpha_per_feature: bool = False,
     rngs: nnx.Rngs,
   ):
     self.num_features = num_features
-    self.alpha = nnx.Param(jnp.full((), alpha_init_value, param_dtype))
+    alpha_shape = (num_features,) if alpha_per_feature else ()
+    self.alpha = nnx.Param(jnp.full(alpha_shape, alpha_init_value, param_dtype))
     self.scale = _param(use_scale, scale_init, rngs.params(), (num_features,), param_dtype)
     self.bias = _param(use_bias, bias_init, rngs.params(), (num_features,), param_dtype)
     self.feature_axes = feature_axes
@@ -196,7 +199,7 @@ class ConditionalBatchNorm(nnx.Module):
       ``nnx.view`` set it, the call argument overrides it).
     axis, momentum, epsilon, dtype, param_dtype, use_bias, use_scale: as in
       :class:`jaxnorm.nnx.BatchNorm`.
-    bias_init, scale_init, axis_name, axis_index_groups: the same.
+    bias_init, scale_init, axis_name, axis_index_groups, unbiased_running_var: the same.
     rngs: the random keys of the initializers.
 
   State: ``mean``, ``var`` (``nnx.BatchStat``, float32), ``scale``, ``bias`` (``nnx.Param``).
@@ -219,6 +222,7 @@ class ConditionalBatchNorm(nnx.Module):
     scale_init: Initializer = initializers.ones,
     axis_name: Any = None,
     axis_index_groups: Any = None,
+    unbiased_running_var: bool = False,
     rngs: nnx.Rngs,
   ):
     mean_dtype, var_dtype = running_stats_dtypes(param_dtype, jnp.float32, dtype)
@@ -232,6 +236,7 @@ class ConditionalBatchNorm(nnx.Module):
     self.axis, self.momentum, self.epsilon = axis, momentum, epsilon
     self.dtype, self.param_dtype = dtype, param_dtype
     self.axis_name, self.axis_index_groups = axis_name, axis_index_groups
+    self.unbiased_running_var = unbiased_running_var
 
   def __call__(
     self,
@@ -257,6 +262,7 @@ class ConditionalBatchNorm(nnx.Module):
       use_running_average=use_ra, momentum=self.momentum, axis=self.axis,
       epsilon=self.epsilon, mask=mask, axis_name=self.axis_name,
       axis_index_groups=self.axis_index_groups, dtype=self.dtype,
+      unbiased_running_var=self.unbiased_running_var,
       layer=f"ConditionalBatchNorm({self.num_features}, {self.num_classes})",
     )  # fmt: skip
     if updated is not None:  # no gradient flows into the running averages (as flax.nnx)

@@ -25,13 +25,17 @@ widely used ones do not:
   feature axis at 1 (``axis=1``, ``feature_axis=1``, ``feature_axes=1``), for inputs kept
   as NCHW; with ``channels_first=False`` (inputs transposed to NHWC) it is -1. LayerNorm
   and RMSNorm normalize trailing axes in PyTorch in either layout; timm's and
-  torchvision's ``LayerNorm2d`` (ConvNeXt) normalizes the channel axis.
+  torchvision's ``LayerNorm2d`` (ConvNeXt) normalizes the channel axis;
+- **what would convert wrongly in silence** is refused by name: a subclass whose own
+  ``forward`` jaxnorm does not know, forward hooks and pre-hooks (global ones too),
+  tensors on the meta device; a rule that converts nothing is named in a warning.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import sys
 import warnings
 from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple
@@ -83,6 +87,7 @@ ALIASES = {
   "LigerDyT": "DynamicTanh",  # Liger-Kernel's (gamma/beta for weight/bias)
   "FrozenBatchNormAct2d": "FrozenBatchNorm2d",
   "LayerNorm2dFp32": "LayerNorm2d",
+  "LayerNormExp2d": "LayerNorm2d",  # timm's, over the channels of NCHW in its own forward
   "LayerNormAct2d": "LayerNorm2d",
   "LayerNormAct2dFp32": "LayerNorm2d",
   "RmsNorm": "RMSNorm",
@@ -94,6 +99,14 @@ ALIASES = {
   "RmsNormAct2d": "RMSNorm2d",
   "RmsNormAct2dFp32": "RMSNorm2d",
 }
+# Other libraries' subclasses of PyTorch's norms whose own ``forward`` computes their
+# base's norm (timm's fast-norm and float32 variants; its *Act classes then apply the
+# activation :func:`_carried` names). Any other subclass with its own forward is refused:
+# what it computes is unknown (timm's LayerNormExp2d, a LayerNorm over the channels).
+_SAME_MATHS = frozenset({
+  "GroupNorm1", "LayerNormFp32", "BatchNormAct2d", "SyncBatchNormAct", "GroupNormAct",
+  "GroupNorm1Act", "LayerNormAct", "LayerNormActFp32",
+})  # fmt: skip
 # The state_dict entries each kind can have (anything else is refused, by name).
 _KEYS = {
   "BatchNorm": ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"),
@@ -175,12 +188,72 @@ def torch_kind(module: Any) -> str | None:
   """The kind (one of ``KINDS``) of a PyTorch module, by its class or, for a subclass of a
   norm (timm's ``BatchNormAct2d``, ``GroupNorm1``), its base classes; ``ALIASES`` name
   other libraries' classes. None for a module that is no norm jaxnorm converts."""
-  for cls in type(module).__mro__:
+  return _match(module)[0]
+
+
+def _match(module: Any) -> tuple[str | None, tuple[type, ...]]:
+  """:func:`torch_kind`, and the classes of ``module``'s hierarchy below the one that
+  named the kind (its subclasses, whose own ``forward`` may compute something else)."""
+  mro = type(module).__mro__
+  for i, cls in enumerate(mro):
     if cls.__name__ in ALIASES:
-      return ALIASES[cls.__name__]
+      return ALIASES[cls.__name__], mro[:i]
     if cls.__name__ in KINDS:
-      return cls.__name__
-  return None
+      return cls.__name__, mro[:i]
+  return None, ()
+
+
+def _label(prefix: str | None) -> str:
+  return "the module" if prefix is None else repr(prefix)
+
+
+def _check_module(module: Any, kind: str, below: tuple[type, ...], prefix: str | None) -> None:
+  """Refuses what would convert wrongly in silence: a subclass that computes in its own
+  ``forward`` what jaxnorm does not know, forward hooks (the module's or PyTorch's global
+  ones), and tensors on PyTorch's meta device."""
+  cls = type(module).__name__
+  for sub in below:
+    own = [m for m in ("forward", "_forward") if m in vars(sub)]
+    if own and sub.__name__ not in _SAME_MATHS:
+      raise ValueError(
+        f"{_label(prefix)} is a {cls}, a subclass of {kind} whose class {sub.__name__} "
+        f"defines its own {own[0]}: jaxnorm cannot tell what it computes (it may normalize "
+        f"other axes than {kind}'s), so it does not convert it as a {kind}. Convert it by "
+        f"hand to the jaxnorm layer that computes what its {own[0]} does"
+        f"{'' if prefix is None else f', or leave it out with skip=[{prefix!r}]'}."
+      )
+  for what, changes, attr in (("forward hook", "output", "_forward_hooks"),
+                              ("forward pre-hook", "input", "_forward_pre_hooks")):  # fmt: skip
+    hooks = _hooks(module, attr)
+    if hooks:
+      raise ValueError(
+        f"{_label(prefix)} ({cls}) has {len(hooks)} {what}(s), {hooks}: PyTorch passes the "
+        f"module's {changes} through them, which the converted layer would not do. Remove "
+        f"them before converting (the handle's .remove(); a global one with its own handle) "
+        f"and apply what they do around the converted layer."
+      )
+  meta = [k for k, v in _own_entries(module).items() if _on_meta(v)]
+  if meta:
+    raise ValueError(
+      f"{_label(prefix)} ({cls}) has {meta} on PyTorch's meta device, which holds shapes "
+      f"but no values. Materialize the weights first: model.to_empty(device='cpu'), then "
+      f"load its state_dict (or load_state_dict(sd, assign=True))."
+    )
+
+
+def _hooks(module: Any, attr: str) -> list[str]:
+  """The names of ``module``'s hooks in ``attr`` and of PyTorch's global ones (read from
+  ``torch.nn.modules.module`` where torch is imported; nothing imports it here)."""
+  torch_module = sys.modules.get("torch.nn.modules.module")
+  found = [(h, "") for h in dict(getattr(module, attr, None) or {}).values()]
+  found += [
+    (h, "global ") for h in dict(getattr(torch_module, f"_global{attr}", None) or {}).values()
+  ]
+  return [f"{where}{getattr(h, '__qualname__', repr(h))}" for h, where in found]
+
+
+def _on_meta(tensor: Any) -> bool:
+  return bool(getattr(tensor, "is_meta", False))
 
 
 def _family(kind: str) -> str:
@@ -199,12 +272,14 @@ def _own_entries(module: Any) -> dict[str, Any]:
 
 def _norm_like(module: Any) -> bool:
   """Whether a module jaxnorm does not convert looks like a norm: running statistics of
-  its own, or parameters of its own and "norm" in the name of its class or a base class."""
+  its own, or parameters of its own, "norm" in the name of its class or a base class and
+  no child with parameters (a residual block such as timm's NormFreeBlock is none)."""
   own = _own_entries(module)
   if {"running_mean", "running_var"} & set(own):
     return True
   names = [c.__name__.lower() for c in type(module).__mro__[:-1] if c.__name__ != "Module"]
-  return bool(own) and any("norm" in n for n in names)
+  children = [m for _, m in module.named_modules() if m is not module and _own_entries(m)]
+  return bool(own) and not children and any("norm" in n for n in names)
 
 
 def _unconvertible(module: Any, prefix: str | None) -> ValueError:
@@ -266,7 +341,8 @@ def _check_keys(kind, family, state_dict):
         f"{list(_KEYS[family])}; pass the complete state_dict of the layer."
       )
   pairs = [("running_mean", "running_var")]
-  if family not in ("LayerNorm", "RMSNorm", "DyT"):  # (LayerNorm(bias=False): a weight alone)
+  # (a weight alone: LayerNorm(bias=False), timm's GroupNorm1NoBias and LayerNorm2dNoBias)
+  if family not in ("LayerNorm", "RMSNorm", "DyT", "GroupNorm"):
     pairs.append(("weight", "bias"))
   for a, b in pairs:
     if (a in state_dict) != (b in state_dict):
@@ -281,24 +357,24 @@ def _check_keys(kind, family, state_dict):
       f"a layer with running statistics (track_running_stats=True) saves all three, one "
       f"without saves none; pass the complete state_dict of the layer."
     )
-  if family == "LayerNorm" and "bias" in state_dict and "weight" not in state_dict:
+  if family in ("LayerNorm", "GroupNorm") and "bias" in state_dict and "weight" not in state_dict:
     raise ValueError(f"{kind}'s state_dict has 'bias' but no 'weight': pass the complete one.")
 
 
 def _from_module(module: Any, options: dict, prefix: str | None = None) -> tuple[str, dict]:
   """The kind, ``state_dict`` and options of a PyTorch module object (duck-typed;
   ``prefix``: its name in the model, for errors)."""
-  kind = torch_kind(module)
+  kind, below = _match(module)
   if kind is None:
     if _norm_like(module):
       raise _unconvertible(module, prefix)
     raise ValueError(
-      f"{'the module' if prefix is None else repr(prefix)} is a {type(module).__name__}, "
-      f"which is no norm jaxnorm converts (PyTorch's {list(KINDS)}, their subclasses, and "
-      f"{sorted(ALIASES)})."
+      f"{_label(prefix)} is a {type(module).__name__}, which is no norm jaxnorm converts "
+      f"(PyTorch's {list(KINDS)}, their subclasses, and {sorted(ALIASES)})."
     )
   if any(type(v).__name__.startswith("Uninit") for v in _own_entries(module).values()):
     raise _unconvertible(module, prefix)
+  _check_module(module, kind, below, prefix)
   state_dict = dict(module.state_dict())
   for option, names in _ATTRIBUTES.items():
     for attr in (names,) if isinstance(names, str) else names:
@@ -383,8 +459,9 @@ def from_torch(
   Raises:
     ValueError: for an unknown kind, unexpected, missing or inconsistent ``state_dict``
       entries (``num_batches_tracked`` without running statistics), arrays of
-      inconsistent shapes, a missing constructor argument (named), or an uninitialised
-      lazy module.
+      inconsistent shapes, a missing constructor argument (named), an uninitialised
+      lazy module, a subclass with its own unknown ``forward``, a forward hook or
+      pre-hook, or tensors on the meta device.
     TypeError: for a class instead of a module or a class name.
 
   Warns:
@@ -465,8 +542,11 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
     bn = _batch_norm(arrays, params, common, eps, momentum, channel, torch_training, c, x64)
     if family == "InstanceNorm":
       # Running averages of instance statistics, used at evaluation: a BatchNorm whose
-      # sub-batches are single examples (instance statistics in training).
-      bn.kwargs["virtual_batch_size"] = bn.nnx_kwargs["virtual_batch_size"] = 1
+      # sub-batches are single examples (instance statistics in training). PyTorch's
+      # InstanceNorm never advances num_batches_tracked: no counter (its value unused).
+      for kw in (bn.kwargs, bn.nnx_kwargs):
+        kw.update(virtual_batch_size=1, count_batches=False)
+      bn.variables.get("batch_stats", {}).pop("num_batches_tracked", None)
     return bn._replace(activation=carried)
   if family == "InstanceNorm":
     kw = dict(epsilon=torch_epsilon(eps), feature_axes=channel, **common)
@@ -524,19 +604,28 @@ def _pointwise(kind, family, arrays, source, channels_first):
   if "alpha" not in arrays:
     raise ValueError(f"{kind}'s state_dict lacks 'alpha', its learned scalar.")
   weight, bias = arrays.get("weight"), arrays.get("bias")
-  alpha = arrays["alpha"].reshape(())
+  features = next((v.shape for v in (weight, bias) if v is not None), None)
+  alpha, per_feature = arrays["alpha"], arrays["alpha"].size > 1
+  if per_feature and (features is None or alpha.squeeze().shape != features):
+    raise ValueError(
+      f"{kind}'s alpha has shape {alpha.shape}: one value, or one per feature of the "
+      f"weight's shape {features}, is what DyT computes with."
+    )
+  alpha = alpha.reshape(features if per_feature else ())
   params = {"alpha": alpha}
   params.update({k: v for k, v in (("scale", weight), ("bias", bias)) if v is not None})
   # The reference DynamicTanh(channels_last=False) scales channels-first (NCHW) inputs.
   channels_last = bool(getattr(source, "channels_last", True))
   axis = -1 if channels_last or not channels_first else 1
-  kw = dict(alpha_init_value=float(alpha), use_scale=weight is not None,
-            use_bias=bias is not None, feature_axes=axis,
+  kw = dict(use_scale=weight is not None, use_bias=bias is not None, feature_axes=axis,
             param_dtype=jnp.dtype(alpha.dtype))  # fmt: skip
-  features = next((v.shape[0] for v in (weight, bias) if v is not None), None)
+  if per_feature:
+    kw["alpha_per_feature"] = True
+  else:
+    kw["alpha_init_value"] = float(alpha)
   if features is None:
     raise ValueError(f"{kind} without weight and bias: build jaxnorm.DyT by hand.")
-  return TorchNorm("DyT", kw, dict(num_features=int(features), **kw), _vars(params))
+  return TorchNorm("DyT", kw, dict(num_features=int(features[0]), **kw), _vars(params))
 
 
 def _features(kind, arrays, num_features):
@@ -653,6 +742,7 @@ def norms_from_state_dict(
   """
   channels_first = options.pop("channels_first", True)
   torch_training = options.pop("torch_training", True)
+  model = None
   if hasattr(state_dict, "named_modules"):
     model = state_dict
     state_dict = dict(model.state_dict())
@@ -667,6 +757,7 @@ def norms_from_state_dict(
   layers: dict[str, TorchNorm] = {}
   origin: dict[str, str] = {}  # Flax path: PyTorch name
   used: set[str] = set()
+  converting: set[str] = set()  # the rules that converted a module
   for prefix, source in sources.items():
     if any(re.fullmatch(name, prefix) for name in skip):
       continue
@@ -707,7 +798,17 @@ def norms_from_state_dict(
         for leaf, value in values.items():
           flat[(collection, *flax_path.split("/"), leaf)] = value
       used.update(f"{prefix}.{leaf}" if prefix else leaf for leaf in leaves)
+      converting.add(pattern)
       break
+  idle = [p for p in rules if p not in converting]
+  if idle:
+    what = "norm of the model" if model is not None else "module name of the state_dict"
+    warnings.warn(
+      f"rule(s) {idle} matched no {what}, so they converted nothing "
+      f"({len(layers)} norm(s) converted in all); check each pattern against the names "
+      f"(it must match a whole name: {list(sources)[:3]}...).",
+      stacklevel=2,
+    )
   carried = {origin[p]: layer.activation for p, layer in layers.items() if layer.activation}
   if carried:
     warnings.warn(_activation_message(carried), stacklevel=2)

@@ -169,12 +169,17 @@ class BatchNorm(nn.BatchNorm):
       and normalize with the batch statistics in training and at inference alike, as
       PyTorch's ``track_running_stats=False``; ``use_running_average`` is then optional
       and changes nothing (default True).
+    count_batches: (jaxnorm) False: no ``num_batches_tracked`` counter even with
+      ``unbiased_running_var``, as PyTorch's InstanceNorm with running statistics, which
+      never counts (``momentum=None``, which reads the counter, is then refused)
+      (default True).
   """
 
   reduction_axes: Axes | None = None
   virtual_batch_size: int | None = None
   unbiased_running_var: bool = False
   track_running_stats: bool = True
+  count_batches: bool = True
 
   @nn.compact
   def __call__(

@@ -162,6 +162,7 @@ class BatchNorm(nnx.BatchNorm):
     track_running_stats: (jaxnorm) False: no running statistics (``mean`` and ``var``
       are None) and the batch statistics in every mode, PyTorch's
       ``track_running_stats=False`` (default True).
+    count_batches: (jaxnorm) False: no counter, as :class:`jaxnorm.linen.BatchNorm`'s.
 
   The running statistics are ``nnx.BatchStat`` in float32 (float64 for a float64
   ``param_dtype`` under ``jax_enable_x64``); a step whose batch has no valid element or
@@ -194,6 +195,7 @@ class BatchNorm(nnx.BatchNorm):
     virtual_batch_size: int | None = None,
     unbiased_running_var: bool = False,
     track_running_stats: bool = True,
+    count_batches: bool = True,
   ):
     plain = type(self) is BatchNorm
     track = check_track_running_stats(type(self).__name__, track_running_stats, plain)
@@ -218,6 +220,7 @@ class BatchNorm(nnx.BatchNorm):
     self.virtual_batch_size = virtual_batch_size
     self.unbiased_running_var = unbiased_running_var
     self.track_running_stats = track_running_stats
+    self.count_batches = count_batches
     if counts_batches(self):
       self.num_batches_tracked = nnx.BatchStat(jnp.zeros((), jnp.int32))
 

@@ -152,3 +152,28 @@ def test_conditional_batch_norm():
   # One "batch"-mode step: the debiased running averages are that batch's statistics.
   np.testing.assert_allclose(y_inf, y, atol=2e-5 * np.abs(want).max())
   assert np.abs(np.asarray(state.get(cbn.norm.batch_state_index)[0])).max() > 0.1
+
+
+def test_dyt_with_one_alpha_per_feature_in_every_front_end():
+  """``alpha_per_feature``: α of the features' shape (Linen, NNX, Equinox), as DyT ports
+  that learn one per channel write it."""
+  from flax import nnx
+
+  import jaxnorm
+  from jaxnorm import nnx as jnnx
+
+  x = np.random.default_rng(5).normal(0, 2, (3, 4)).astype(np.float32)
+  alpha = np.array([0.1, 0.5, 1.0, 2.0], np.float32)
+  variables = jaxnorm.DyT(alpha_per_feature=True).init(jax.random.key(0), x)
+  assert variables["params"]["alpha"].shape == (4,)
+  variables["params"]["alpha"] = alpha
+  want = ref.dyt(x, alpha)
+  np.testing.assert_allclose(jaxnorm.DyT(alpha_per_feature=True).apply(variables, x), want,
+                             atol=1e-6)  # fmt: skip
+  module = jnnx.DyT(4, alpha_per_feature=True, rngs=nnx.Rngs(0))
+  module.alpha[...] = alpha
+  np.testing.assert_allclose(module(x), want, atol=1e-6)
+  eqx_dyt = jeqx.DyT(4, alpha_per_feature=True)
+  assert eqx_dyt.alpha.shape == (4,)
+  eqx_dyt = eqx.tree_at(lambda m: m.alpha, eqx_dyt, jnp.asarray(alpha))
+  np.testing.assert_allclose(jax.vmap(eqx_dyt)(x), want, atol=1e-6)

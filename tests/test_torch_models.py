@@ -6,12 +6,15 @@ each converts to is checked against the float64 reference, with ε and group cou
 differ from the defaults by far more than the tolerance; what cannot be converted is an
 error that names the module, never keys left silently in ``rest``."""
 
+import sys
+import types
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jaxnorm import convert
 from tests import reference as ref
@@ -77,10 +80,26 @@ class Identity(Module): ...
 
 
 class BatchNormAct2d(BatchNorm2d):  # timm: BatchNorm2d, then drop and act
-  ...
+  def forward(self, x): ...  # (its own forward: the norm, then drop and act)
 
 
 class GroupNorm1(GroupNorm):  # timm: GroupNorm(1, C)
+  def forward(self, x): ...  # (its own forward: fast_group_norm or F.group_norm)
+
+
+class GroupNorm1NoBias(GroupNorm1):  # timm's metaformer: GroupNorm1 with bias = None
+  ...
+
+
+class LayerNormExp2d(LayerNorm):  # timm: nn.LayerNorm over the channels of NCHW, own forward
+  def forward(self, x): ...
+
+
+class DynamicTanh(Module):  # the DyT paper's class
+  ...
+
+
+class NormFreeBlock(Module):  # timm's NFNet block: a gain of its own, convolutions inside
   ...
 
 
@@ -239,7 +258,8 @@ def test_a_norm_that_cannot_be_converted_is_an_error_unless_skipped():
     convert.norms_from_state_dict(model, {r"(.*)": r"\1"})
   with pytest.raises(ValueError, match=r"'conv' is a Conv2d, but rule 'conv' says BatchNorm2d"):
     convert.norms_from_state_dict(model, {"conv": ("BatchNorm2d", "bn")})  # (no norm at all)
-  _, layers, rest = convert.norms_from_state_dict(model, {r"(.*)": r"\1"}, skip=["norm"])
+  with pytest.warns(UserWarning, match=r"rule\(s\) \['\(\.\*\)'\] matched no norm"):
+    _, layers, rest = convert.norms_from_state_dict(model, {r"(.*)": r"\1"}, skip=["norm"])
   assert layers == {} and rest == ["conv.weight", "norm.weight", "norm.bias", "norm.running_var"]
   lazy = LazyBatchNorm2d({"weight": UninitializedParameter(), "bias": UninitializedParameter()})
   with pytest.raises(ValueError, match="'bn' is an uninitialised lazy module.*forward pass"):
@@ -313,3 +333,160 @@ def test_float64_cumulative_average_in_float64():
     expected = e["running_mean"] + (mean - e["running_mean"]) / (n + 1)
     assert updated["batch_stats"]["mean"].dtype == jnp.float64
     np.testing.assert_allclose(updated["batch_stats"]["mean"], expected, rtol=0, atol=1e-14)
+
+
+# Round 5: modules that converted wrongly in silence, and rough edges (issue 44).
+
+SQUARE = RNG.normal(2.0, 0.05, (2, C, 3, C)).astype(np.float32)  # NCHW with W == C
+
+
+class MyLayerNorm(LayerNorm):  # a user's subclass that normalizes something else
+  def forward(self, x): ...
+
+
+class ChannelsLastBatchNorm(BatchNorm2d):
+  def _forward(self, x): ...
+
+
+class MyRmsNorm(RmsNorm):
+  def forward(self, x): ...
+
+
+def _ln_entries():
+  return {"weight": _channels(1, 0.3), "bias": _channels(0, 0.3)}
+
+
+def test_timm_layer_norm_exp2d_normalizes_the_channels():
+  """timm's LayerNormExp2d subclasses nn.LayerNorm but normalizes the channel axis in its
+  own forward: it was converted as a trailing-axis LayerNorm, 0.80 off where W == C."""
+  e = _ln_entries()
+  layer = convert.from_torch(LayerNormExp2d(e, eps=1e-6, normalized_shape=(C,)))
+  expected = ref.layer_norm(SQUARE, e["weight"], e["bias"], 1, 1, eps=1e-6)
+  np.testing.assert_allclose(_apply(layer, SQUARE), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+  "module",
+  [MyLayerNorm(_ln_entries(), eps=1e-6, normalized_shape=(C,)),
+   ChannelsLastBatchNorm(_bn_entries(), eps=1e-5, momentum=0.1),
+   MyRmsNorm({"weight": _channels(1, 0.3)}, eps=1e-6)],
+  ids=lambda m: type(m).__name__,
+)  # fmt: skip
+def test_a_subclass_with_its_own_forward_is_refused_by_name(module):
+  """The same rule for every base: a subclass whose forward (or _forward) is its own and
+  that jaxnorm does not know may compute anything; it converted as its base."""
+  cls = type(module).__name__
+  with pytest.raises(ValueError, match=rf"the module is a {cls}, a subclass of .* defines its own"):
+    convert.from_torch(module)
+  model = Sequential(children={"block": Sequential(children={"norm": module})})
+  with pytest.raises(ValueError, match=rf"'block.norm' is a {cls}.*skip=\['block.norm'\]"):
+    convert.norms_from_state_dict(model, {r"(.*)": r"\1"})
+  _, layers, rest = convert.norms_from_state_dict(model, {r"(.*)": r"\1"}, skip=["block.norm"])
+  assert layers == {} and len(rest) == len(module.state_dict())
+
+
+def _double(module, inputs, output):
+  return output * 2 + 1
+
+
+def test_forward_hooks_and_pre_hooks_are_refused_by_name(monkeypatch):
+  """A hook changes the module's output (a pre-hook its input): ignored, the conversion
+  was 0.53 off (a pre-hook 0.32, a hook on a norm inside a model 1.01)."""
+  hooked = BatchNorm2d(_bn_entries(), eps=1e-5, momentum=0.1, _forward_hooks={3: _double})
+  with pytest.raises(ValueError, match=r"1 forward hook\(s\), \['_double'\].*output"):
+    convert.from_torch(hooked)
+  pre = GroupNorm(_ln_entries(), num_groups=2, eps=1e-5, _forward_pre_hooks={0: _double})
+  with pytest.raises(ValueError, match=r"forward pre-hook\(s\).*input.*\.remove\(\)"):
+    convert.from_torch(pre)
+  model = Sequential(children={"conv": Conv2d({"weight": np.ones((C, C, 1, 1))}), "bn": hooked})
+  with pytest.raises(ValueError, match=r"'bn' \(BatchNorm2d\) has 1 forward hook"):
+    convert.norms_from_state_dict(model, {r"(.*)": r"\1"})
+  # PyTorch's global hooks (register_module_forward_hook) apply to every module.
+  plain = BatchNorm2d(_bn_entries(), eps=1e-5, momentum=0.1)
+  convert.from_torch(plain)
+  globals_ = types.SimpleNamespace(_global_forward_hooks={}, _global_forward_pre_hooks={7: _double})
+  monkeypatch.setitem(sys.modules, "torch.nn.modules.module", globals_)
+  with pytest.raises(ValueError, match=r"\['global _double'\]"):
+    convert.from_torch(plain)
+
+
+def test_a_model_without_norms_converts_nothing_and_says_so():
+  """timm's NormFreeBlock (a gain of its own, "Norm" in its name, convolutions inside) was
+  taken for a norm: dm_nfnet_f0 raised instead of converting nothing."""
+  block = NormFreeBlock({"skipinit_gain": np.zeros(())},
+                        {"conv1": Conv2d({"weight": np.ones((C, C, 1, 1))})})  # fmt: skip
+  model = Sequential(children={"stages": Sequential(children={"0": block})})
+  with pytest.warns(UserWarning, match=r"\['\(\.\*\)'\] matched no norm of the model"):
+    variables, layers, rest = convert.norms_from_state_dict(model, {r"(.*)": r"\1"})
+  assert variables == {} and layers == {} and len(rest) == 2
+
+
+def test_a_rule_that_matches_nothing_is_named():
+  sd = {f"layer1.bn1.{k}": v for k, v in _bn_entries().items()}
+  rules = {r"layer1\.bn1": ("BatchNorm2d", "bn1"), r"layer1\.bn2": ("BatchNorm2d", "bn2")}
+  with pytest.warns(UserWarning, match=r"\['layer1\\\\.bn2'\] matched no module name"):
+    _, layers, _ = convert.norms_from_state_dict(sd, rules)
+  assert list(layers) == ["bn1"]
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # (every rule used: no warning)
+    convert.norms_from_state_dict(sd, {r"layer1\.bn1": ("BatchNorm2d", "bn1")})
+
+
+def test_instance_norm_with_running_statistics_does_not_count_batches():
+  """PyTorch's InstanceNorm never advances num_batches_tracked; the converted layer did
+  (5 against PyTorch's 4). Its running variance is still PyTorch's unbiased one."""
+  e = _bn_entries()
+  e["num_batches_tracked"] = np.asarray(4)
+  layer = convert.from_torch("InstanceNorm2d", e, momentum=0.1, eps=1e-5)
+  _, updated = layer.linen().apply(layer.variables, jnp.asarray(X), use_running_average=False,
+                                   mutable=["batch_stats"])  # fmt: skip
+  assert sorted(updated["batch_stats"]) == ["mean", "var"]
+  x = X.astype(np.float64)
+  unbiased = x.var((2, 3), ddof=1).mean(0)
+  np.testing.assert_allclose(updated["batch_stats"]["var"], 0.9 * e["running_var"] + 0.1 * unbiased,
+                             rtol=1e-5)  # fmt: skip
+  module = layer.nnx(nnx.Rngs(0))
+  module(jnp.asarray(X), use_running_average=False)
+  assert not hasattr(module, "num_batches_tracked")
+  np.testing.assert_allclose(module.var[...], updated["batch_stats"]["var"], rtol=1e-6)
+
+
+def test_timm_group_norm1_no_bias_converts_without_bias():
+  """timm's GroupNorm1NoBias (24 of poolformerv2's 29 norms) has a weight and no bias;
+  it was refused with "PyTorch saves both or neither"."""
+  w = _channels(1, 0.3)
+  layer = convert.from_torch(GroupNorm1NoBias({"weight": w}, num_groups=1, eps=1e-5,
+                                              affine=True, num_channels=C))  # fmt: skip
+  assert layer.kwargs["use_bias"] is False
+  expected = ref.group_norm(X, 1, w, None, channel_axis=1, eps=1e-5)
+  np.testing.assert_allclose(_apply(layer, X), expected, atol=1e-4)
+  with pytest.raises(ValueError, match="has 'bias' but no 'weight'"):
+    convert.from_torch("GroupNorm", {"bias": w}, num_groups=1)
+
+
+def test_dyt_with_one_alpha_per_channel():
+  """Some DyT ports learn one α per channel: it failed with "cannot reshape array of size
+  8 into shape ()"."""
+  alpha, w, b = _channels(0.5, 0.2), _channels(1, 0.3), _channels(0, 0.3)
+  x = RNG.normal(0, 2, (3, 4, C)).astype(np.float32)
+  layer = convert.from_torch(DynamicTanh({"alpha": alpha, "weight": w, "bias": b}))
+  assert layer.kwargs["alpha_per_feature"] is True
+  np.testing.assert_allclose(_apply(layer, x), ref.dyt(x, alpha, w, b), atol=1e-5)
+  module = layer.nnx(nnx.Rngs(0))
+  np.testing.assert_allclose(module(jnp.asarray(x)), ref.dyt(x, alpha, w, b), atol=1e-5)
+  with pytest.raises(ValueError, match=r"alpha has shape \(3,\): one value, or one per feature"):
+    convert.from_torch(DynamicTanh({"alpha": np.ones(3), "weight": w, "bias": b}))
+
+
+class MetaTensor:  # a tensor on PyTorch's meta device: a shape, no values
+  is_meta = True
+  shape = (C,)
+
+
+def test_a_module_on_the_meta_device_names_the_fix():
+  """It failed with PyTorch's "Cannot copy out of meta tensor"."""
+  bn = BatchNorm2d({**_bn_entries(), "weight": MetaTensor()}, eps=1e-5, momentum=0.1)
+  with pytest.raises(ValueError, match=r"\['weight'\] on PyTorch's meta device.*to_empty"):
+    convert.from_torch(bn)
+  with pytest.raises(ValueError, match="meta device.*load_state_dict"):
+    convert.from_torch("BatchNorm2d", {**_bn_entries(), "weight": MetaTensor()})
