@@ -381,7 +381,8 @@ def test_a_subclass_with_its_own_forward_is_refused_by_name(module):
   model = Sequential(children={"block": Sequential(children={"norm": module})})
   with pytest.raises(ValueError, match=rf"'block.norm' is a {cls}.*skip=\['block.norm'\]"):
     convert.norms_from_state_dict(model, {r"(.*)": r"\1"})
-  _, layers, rest = convert.norms_from_state_dict(model, {r"(.*)": r"\1"}, skip=["block.norm"])
+  with pytest.warns(UserWarning, match="matched no norm"):
+    _, layers, rest = convert.norms_from_state_dict(model, {r"(.*)": r"\1"}, skip=["block.norm"])
   assert layers == {} and len(rest) == len(module.state_dict())
 
 
