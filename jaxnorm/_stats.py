@@ -11,8 +11,9 @@ The engine (``benchmarks/RESULTS.md``, items 38-39 and 47 give the figures):
 - TPUs, GPUs, and any array on a mesh: one reduction of ``(1, x, 0, 0)`` whose combiner
   merges groups' sums shifted by their first elements (:func:`merged_moments`): one read
   of x, as Flax's ``Σx ∥ Σx²``, exact, partitioned by GSPMD with nothing custom in the
-  program. XLA:GPU's column reductions take sums shifted by one element instead (it
-  writes a variadic column reduction's operands out).
+  program (on a mesh, in blocks whose sums are gathered in one collective: :func:`_merged`).
+  XLA:GPU's column reductions take sums shifted by one element instead (it writes a
+  variadic column reduction's operands out).
 - XLA:CPU, one device: ``Σx ∥ Σx²`` checked, with an exact second pass when the check
   fails (its fastest forward), shifted sums under differentiation, two passes over short
   rows and channel groups (:class:`Variance`).
@@ -246,17 +247,49 @@ def _merge(left, right):
   return n1 + n2, jnp.where(n1 > 0, a1, a2), s1 + moved, q1 + t2 + delta * (t1 + moved)
 
 
-def _merged(parts, axes):
-  zero = jnp.zeros((), parts[1].dtype)
-  return tuple(jnp.expand_dims(t, axes) for t in lax.reduce(parts, (zero,) * 4, _merge, axes))
+def _merged(parts, axes, blocks=1):
+  """``parts`` merged over ``axes`` (kept as size 1); with ``blocks`` (> 1, dividing the
+  first axis), that axis cut into as many blocks first: each block's sums, stacked and
+  gathered whole, then merged. On a mesh of as many devices GSPMD then gathers the
+  shards' sums in one collective; it gathered the four sums of one reduction apart, which
+  XLA:TPU (along a minor dimension) and XLA:CPU do not combine (RESULTS item 48)."""
+  zero = (jnp.zeros((), parts[1].dtype),) * 4
+  if blocks == 1 or parts[0].shape[axes[0]] % blocks:
+    return tuple(jnp.expand_dims(t, axes) for t in lax.reduce(parts, zero, _merge, axes))
+  a = axes[0]
+  split = parts[0].shape[:a] + (blocks, parts[0].shape[a] // blocks) + parts[0].shape[a + 1 :]
+  inner = (a + 1,) + tuple(b + 1 for b in axes[1:])
+  stacked = jnp.stack(lax.reduce(tuple(t.reshape(split) for t in parts), zero, _merge, inner))
+  spec = list(getattr(jax.typeof(stacked).sharding, "spec", ())) + [None] * stacked.ndim
+  if any(spec):  # (explicit sharding: the blocks resharded whole, one all-gather)
+    spec[a + 1] = None
+    stacked = jax.sharding.reshard(stacked, jax.sharding.PartitionSpec(*spec[: stacked.ndim]))
+  else:  # (a gather by index, which GSPMD does on the stack replicated: one collective)
+    stacked = jnp.take(stacked, jnp.arange(blocks), axis=a + 1)
+  merged = tuple(lax.index_in_dim(t, 0, a, keepdims=False) for t in stacked)
+  for i in range(1, blocks):
+    merged = _merge(merged, tuple(lax.index_in_dim(t, i, a, keepdims=False) for t in stacked))
+  return tuple(jnp.expand_dims(t, axes) for t in merged)
+
+
+def _mesh_size(x):
+  """The number of devices GSPMD may split ``x`` over, a multiple of the shards of any of
+  its axes (1 off a mesh)."""
+  if not on_mesh(x):
+    return 1
+  mesh = jax.typeof(x).sharding.mesh
+  manual = jax.sharding.AxisType.Manual
+  sizes = zip(mesh.axis_sizes, mesh.axis_types, strict=True)
+  return math.prod(n for n, t in sizes if t != manual)
 
 
 def _merged_sums(raw, axes, dtype):
   """``(n, a, s₁, s₂)`` per kept index: one reduction of ``(1, x, 0, 0)`` merged by
   :func:`_merge`, each group's sums shifted by its first element (no offset is squared),
-  ``x`` read once. Under GSPMD: each shard's reduction and a gather of the shards' sums."""
+  ``x`` read once. Under GSPMD: each shard's reduction and one gather of the shards' sums."""
   x = raw.astype(dtype)
-  return _merged((jnp.ones_like(x), x, jnp.zeros_like(x), jnp.zeros_like(x)), axes)
+  parts = (jnp.ones_like(x), x, jnp.zeros_like(x), jnp.zeros_like(x))
+  return _merged(parts, axes, _mesh_size(raw))
 
 
 def _two_shifts(raw, axes, dtype, per_outer=False):
@@ -279,7 +312,7 @@ def _two_shifts(raw, axes, dtype, per_outer=False):
   n = jnp.full_like(s1, math.prod(raw.shape[axis] for axis in inner))
   delta = b - a
   parts = (n, a, s1, t2 + delta * (2 * s1 - n * delta))
-  return parts if inner == axes else _merged(parts, axes[:1])
+  return parts if inner == axes else _merged(parts, axes[:1], _mesh_size(raw))
 
 
 def _moments_of(parts, groups):
