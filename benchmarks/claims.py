@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from collections.abc import Callable
 from typing import NamedTuple
 
 # 8 virtual devices for the cross-device figures (before jax is imported; tests set it).
@@ -29,6 +31,10 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxnorm  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The README's ordinary-data modules, the ulp distance and the float64 formulas: the report's.
+from flax_report import MODULES, _reference, _ulps  # noqa: E402
+
 # The figures that compare with Flax's outputs hold for the Flax they were measured with
 # (Flax 0.12.4 rounds GroupNorm differently: a median of 1.25-1.5 ulps); the test checks
 # them there only.
@@ -37,54 +43,20 @@ AGAINST_FLAX = ("ulps_median", "ulps_max")
 
 
 class Claim(NamedTuple):
-  """A README figure: ``text`` as the README states it (with ``{seeds}`` and ``{seen}``,
-  the range the script measured), the bound ``(lo, hi)`` every seed's value must keep
-  (jaxnorm's, checked by the test), and the measurement of one seed."""
+  """A README figure: ``text`` as the docs state it, the bound ``(lo, hi)`` every seed's
+  value must keep (checked by the test), and the measurement of one seed."""
 
   text: str
-  bound: tuple[float, float] | None
-  measure: object
+  bound: tuple[float, float]
+  measure: Callable[[np.random.Generator], float]
 
 
-MODULES = [  # (name, kwargs, shape): the README's ordinary-data comparison with Flax
-  ("BatchNorm", dict(use_running_average=False), (32, 8, 8, 64)),
-  ("LayerNorm", {}, (16, 128, 768)),
-  ("LayerNorm", dict(reduction_axes=(1, 2, 3)), (32, 8, 8, 64)),
-  ("RMSNorm", {}, (16, 128, 768)),
-  ("GroupNorm", dict(num_groups=32), (32, 8, 8, 64)),
-  ("InstanceNorm", {}, (32, 8, 8, 64)),
-]
 OFFSET = {4: (8, 6, 6, 64), 3: (4, 16, 768)}  # far off centre: one shape per rank
 
 
 def _apply(module, x):
   variables = module.init(jax.random.key(0), x)
   return module.apply(variables, x, mutable=["batch_stats"])[0]
-
-
-def _ulps(a, b):
-  """|a − b| in float32 ulps at the scale of b: / (eps·max(|b|, 1))."""
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return np.abs(a - b) / (np.finfo(np.float32).eps * np.maximum(np.abs(b), 1.0))
-
-
-def _reference(name, kw, x):
-  """The formula in float64 NumPy for :data:`MODULES` (γ = 1, β = 0)."""
-  eps = 1e-5 if name == "BatchNorm" else 1e-6
-  if name == "GroupNorm":
-    g = kw["num_groups"]
-    xs = x.reshape(x.shape[:-1] + (g, x.shape[-1] // g))
-    axes = tuple(range(1, xs.ndim - 2)) + (xs.ndim - 1,)
-    mean = xs.mean(axes, keepdims=True)
-    var = ((xs - mean) ** 2).mean(axes, keepdims=True)
-    return ((xs - mean) / np.sqrt(var + eps)).reshape(x.shape)
-  axes = {
-    "BatchNorm": tuple(range(x.ndim - 1)),
-    "InstanceNorm": tuple(range(1, x.ndim - 1)),
-  }.get(name, kw.get("reduction_axes", -1))
-  mean = 0.0 if name == "RMSNorm" else x.mean(axes, keepdims=True)
-  var = ((x - mean) ** 2).mean(axes, keepdims=True)
-  return (x - mean) / np.sqrt(var + eps)
 
 
 def ordinary_ulps(rng):

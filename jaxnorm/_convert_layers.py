@@ -76,17 +76,26 @@ class TorchWrapped(NamedTuple):
 _SCALE, _U, _SIGMA = ("layer_instance/kernel/" + s for s in ("scale", "u", "sigma"))
 
 
+# The end of the error for tensors on PyTorch's meta device, after what holds them.
+META_DEVICE = (
+  "on PyTorch's meta device, which holds shapes but no values. Materialize the weights "
+  "first: model.to_empty(device='cpu'), then load its state_dict (or "
+  "load_state_dict(sd, assign=True))."
+)
+
+
+def on_meta(tensor: Any) -> bool:
+  """Whether ``tensor`` is a PyTorch tensor on the meta device (read without torch)."""
+  return bool(getattr(tensor, "is_meta", False))
+
+
 def tensor_to_numpy(value: Any) -> np.ndarray:
   """A tensor (without importing torch: ``detach``/``float``/``numpy`` duck-typed) or any
   array-like as a NumPy array; a bfloat16 tensor, which NumPy cannot hold, becomes an
   ``ml_dtypes`` bfloat16 array (as JAX's). A copy: ``Tensor.numpy()`` shares the tensor's
   memory, which PyTorch updates in place (running statistics, power-iteration vectors)."""
-  if getattr(value, "is_meta", False):
-    raise ValueError(
-      f"a tensor of shape {tuple(value.shape)} is on PyTorch's meta device, which holds "
-      f"shapes but no values. Materialize the weights first: model.to_empty(device='cpu'), "
-      f"then load its state_dict (or load_state_dict(sd, assign=True))."
-    )
+  if on_meta(value):
+    raise ValueError(f"a tensor of shape {tuple(value.shape)} is {META_DEVICE}")
   if hasattr(value, "detach"):
     value = value.detach().cpu()
     if str(value.dtype) == "torch.bfloat16":

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from jaxnorm._convert_layers import TorchWrapped, wrapped_from_torch
+from jaxnorm._convert_layers import META_DEVICE, TorchWrapped, on_meta, wrapped_from_torch
 from jaxnorm._convert_layers import tensor_to_numpy as _numpy
 from jaxnorm._dtypes import promote, real_dtype
 
@@ -232,13 +232,9 @@ def _check_module(module: Any, kind: str, below: tuple[type, ...], prefix: str |
         f"them before converting (the handle's .remove(); a global one with its own handle) "
         f"and apply what they do around the converted layer."
       )
-  meta = [k for k, v in _own_entries(module).items() if _on_meta(v)]
+  meta = [k for k, v in _own_entries(module).items() if on_meta(v)]
   if meta:
-    raise ValueError(
-      f"{_label(prefix)} ({cls}) has {meta} on PyTorch's meta device, which holds shapes "
-      f"but no values. Materialize the weights first: model.to_empty(device='cpu'), then "
-      f"load its state_dict (or load_state_dict(sd, assign=True))."
-    )
+    raise ValueError(f"{_label(prefix)} ({cls}) has {meta} {META_DEVICE}")
 
 
 def _hooks(module: Any, attr: str) -> list[str]:
@@ -250,10 +246,6 @@ def _hooks(module: Any, attr: str) -> list[str]:
     (h, "global ") for h in dict(getattr(torch_module, f"_global{attr}", None) or {}).values()
   ]
   return [f"{where}{getattr(h, '__qualname__', repr(h))}" for h, where in found]
-
-
-def _on_meta(tensor: Any) -> bool:
-  return bool(getattr(tensor, "is_meta", False))
 
 
 def _family(kind: str) -> str:
@@ -285,7 +277,7 @@ def _norm_like(module: Any) -> bool:
 def _unconvertible(module: Any, prefix: str | None) -> ValueError:
   """The error for a norm-like module that cannot be converted, naming it (by its name in
   the model, ``prefix``, where it has one)."""
-  cls, label = type(module).__name__, "the module" if prefix is None else repr(prefix)
+  cls, label = type(module).__name__, _label(prefix)
   lazy = [k for k, v in _own_entries(module).items() if type(v).__name__.startswith("Uninit")]
   if lazy:
     return ValueError(
