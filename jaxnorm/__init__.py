@@ -50,7 +50,8 @@ from jaxnorm._norms import (
   rms_norm,
 )
 from jaxnorm._pointwise import dyt, l2_normalize, local_response_norm
-from jaxnorm._stats import Moments, debiased_average, moments, update_running_average
+from jaxnorm._running import debiased_average, update_running_average
+from jaxnorm._stats import Moments, moments
 from jaxnorm._weights import spectral_norm, weight_norm
 from jaxnorm.fold import batch_norm_epsilons, fold_batch_norm, fold_batch_norms, freeze_batch_norm
 from jaxnorm.linen import (

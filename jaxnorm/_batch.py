@@ -37,14 +37,8 @@ from jaxnorm._kernel import (
   check_epsilon,
   operand,
 )
-from jaxnorm._stats import (
-  Moments,
-  broadcast_mask,
-  check_momentum,
-  psum,
-  unbiased_variance,
-  update_running_average,
-)
+from jaxnorm._running import check_momentum, unbiased_variance, update_running_average
+from jaxnorm._stats import Moments, broadcast_mask, psum
 
 Pool = Callable[[Moments], Moments]
 # (x, scale, bias, running (mean, var) or None, cfg, ε, mask) → (y, batch moments, pool):

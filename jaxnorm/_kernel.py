@@ -212,7 +212,7 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   x = x.astype(cfg.dtype)
   kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))
   stats = Moments(*(s.reshape(kept) for s in stats))
-  var = _overflowed_to_nan(stats.var, fused_rows, cfg.center)
+  var = _overflowed_to_nan(stats.var, fused_rows)
   r = inverse_std(var, epsilon, cfg.epsilon_in_root)
   if mask is not None:
     r = jnp.where(stats.count > 0, r, 0)  # a group with no valid element: x̂ = 0, no NaN
@@ -230,24 +230,20 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   return y.astype(cfg.out_dtype), stats, r
 
 
-def _overflowed_to_nan(var, fused_rows, center=True):
+def _overflowed_to_nan(var, fused_rows):
   """``var``, NaN where it overflowed to inf (float32 sums of squares past ~3e38), where
   ``r = 1/sqrt(inf) = 0`` would make the output a confident 0. Guarded before the root,
   so that the select stays with ``r`` (after it, XLA:CPU recomputed the guard at every
-  element of a derivative: BatchNorm's gradient 12-33 % slower). Not in the
-  undifferentiated row norms on XLA:CPU (``fused_rows``), whose whole norm is one YNNPACK
-  fusion that takes no select: a guard there cost up to 42 % (float32) and 1.9-3.8x
-  (bfloat16) of the forward (``benchmarks/RESULTS.md``, item 30); nor in RMSNorm's
-  (uncentred) rows on GPUs: with it XLA:GPU split the norm into three kernels and 3|x|
-  of traffic, without it one, as Flax's (item 41)."""
+  element of a derivative: BatchNorm's gradient 12-33 % slower). Not in XLA:CPU's
+  undifferentiated row norms (``fused_rows``), whose whole norm is one YNNPACK fusion
+  that takes no select: a guard there cost up to 42 % (float32) and 1.9-3.8x (bfloat16)
+  of the forward (``benchmarks/RESULTS.md``, item 30)."""
 
   def guard(var):
     return jnp.where(var < jnp.inf, var, jnp.nan)
 
   if not fused_rows:
     return guard(var)
-  if not center:  # (measured on XLA:GPU; TPUs keep the guard until measured there)
-    return lax.platform_dependent(var, tpu=guard, default=lambda var: var)
   return lax.platform_dependent(var, cpu=lambda var: var, default=guard)
 
 
@@ -336,16 +332,9 @@ def _affine_normalize_jvp(cfg, primals, tangents):
     dy = dy + dbias.astype(acc)
   if gterm is None:
     dy = dy.astype(y.dtype)
-  else:
-
-    def on_cpu(dy, g):  # (the scale's reduction on its own reads of x: items 22-23)
-      g = g.astype(y.dtype)
-      return dy.astype(y.dtype) + (g if y.dtype == acc else lax.optimization_barrier(g))
-
-    def elsewhere(dy, g):  # (summed, then rounded: XLA:GPU then reads x once less, item 41)
-      return (dy + g).astype(y.dtype)
-
-    dy = lax.platform_dependent(dy, gterm.reshape(x.shape), cpu=on_cpu, default=elsewhere)
+  else:  # (the scale's reduction on its own reads of x, items 22-23)
+    g = gterm.reshape(x.shape).astype(y.dtype)
+    dy = dy.astype(y.dtype) + (g if y.dtype == acc else lax.optimization_barrier(g))
   kept = mean.shape
   dstats = Moments(
     dmean.reshape(kept).astype(mean.dtype),

@@ -1,4 +1,5 @@
-"""Statistics, once: reduction dtype, masked and cross-device moments, running averages.
+"""Statistics, once: reduction dtype, masked and cross-device moments (running averages:
+:mod:`jaxnorm._running`).
 
 The numerics policy of the whole library lives here: statistics are reduced in at least
 float32 (counts and sums always are), the variance stays accurate when ``|mean| >> std``;
@@ -18,7 +19,11 @@ The engine (``benchmarks/RESULTS.md``, items 38-39 and 47 give the figures):
   fails (its fastest forward), shifted sums under differentiation, two passes over short
   rows and channel groups (:class:`Variance`).
 - Masks: two passes over the valid elements. Mapped axes (``axis_name``): each device's
-  sums, combined in one collective (:func:`_combine_devices`).
+  sums, gathered in one collective (:func:`_combine_devices`).
+
+Statistics are combined one way, :func:`_merge` of ``(n, a, Σ(x − a), Σ|x − a|²)`` around
+shifts that are elements of the data: a reduction's groups, GSPMD's shards, devices and
+channel groups alike.
 """
 
 from __future__ import annotations
@@ -237,14 +242,22 @@ def on_mesh(x: Any) -> bool:
   )
 
 
+def _moved(n, s1, delta):
+  """``Σ(x − a)`` of ``n`` elements moved onto the shift ``a − δ``, and the increase of
+  their ``Σ|x − a|²`` there: ``s₁ + n·δ`` and ``Re(δ̄·(2s₁ + n·δ))``."""
+  moved = s1 + n * delta
+  return moved, jnp.real(jnp.conj(delta) * (s1 + moved))
+
+
 def _merge(left, right):
-  """Two groups' ``(n, a, s₁, s₂)``, ``s₁ = Σ(x − a)``, ``s₂ = Σ(x − a)²``, as one
-  group's around the left shift: with ``δ = a_r − a_l`` the right sums move to
-  ``s₁ + n·δ`` and ``s₂ + δ·(2s₁ + n·δ)``; an empty side leaves the other unchanged."""
+  """Two groups' ``(n, a, s₁, s₂)``, ``s₁ = Σ(x − a)``, ``s₂ = Σ|x − a|²``, as one
+  group's around the left shift (the right sums :func:`_moved` by ``δ = a_r − a_l``); an
+  empty side leaves the other unchanged. The one way statistics are combined: over a
+  reduction, shards, devices and channel groups."""
   (n1, a1, s1, q1), (n2, a2, t1, t2) = left, right
   delta = jnp.where((n1 > 0) & (n2 > 0), a2 - a1, 0)
-  moved = t1 + n2 * delta
-  return n1 + n2, jnp.where(n1 > 0, a1, a2), s1 + moved, q1 + t2 + delta * (t1 + moved)
+  moved, more = _moved(n2, t1, delta)
+  return n1 + n2, jnp.where(n1 > 0, a1, a2), s1 + moved, q1 + t2 + more
 
 
 def _merged(parts, axes, blocks=1):
@@ -266,10 +279,17 @@ def _merged(parts, axes, blocks=1):
     stacked = jax.sharding.reshard(stacked, jax.sharding.PartitionSpec(*spec[: stacked.ndim]))
   else:  # (a gather by index, which GSPMD does on the stack replicated: one collective)
     stacked = jnp.take(stacked, jnp.arange(blocks), axis=a + 1)
-  merged = tuple(lax.index_in_dim(t, 0, a, keepdims=False) for t in stacked)
-  for i in range(1, blocks):
-    merged = _merge(merged, tuple(lax.index_in_dim(t, i, a, keepdims=False) for t in stacked))
+  merged = _merge_along(stacked, a)
   return tuple(jnp.expand_dims(t, axes) for t in merged)
+
+
+def _merge_along(parts, axis):
+  """``parts`` merged over the indices of ``axis`` one by one (a few: blocks, devices),
+  in plain operations that JAX differentiates."""
+  each = range(parts[0].shape[axis])
+  return functools.reduce(
+    _merge, [tuple(lax.index_in_dim(t, i, axis, keepdims=False) for t in parts) for i in each]
+  )
 
 
 def _mesh_size(x):
@@ -326,7 +346,7 @@ def _moments_of(parts, groups):
   n, a, s1, s2 = parts
   n = jnp.maximum(n, 1)
   d = s1 / n
-  return a + d, jnp.maximum(s2 / n - d * d, 0)
+  return a + d, jnp.maximum(s2 / n - abs_sq(d), 0)
 
 
 def _differentiated(raw, axes, groups, dtype):
@@ -350,9 +370,8 @@ def elements_per_group(shape: tuple[int, ...], axes: tuple[int, ...], groups: An
 
 
 def _two_passes(raw, axes, groups, dtype):
-  x, n = raw.astype(dtype), elements_per_group(raw.shape, axes, groups)
-  mean = group_sum(x, axes, groups) / n
-  return mean, group_sum(jnp.square(x - mean), axes, groups) / n
+  n = elements_per_group(raw.shape, axes, groups)
+  return _two_pass(raw.astype(dtype), axes, groups, jnp.asarray(1.0 / n, dtype))
 
 
 def _textbook_jvp(primal):
@@ -454,15 +473,8 @@ def _shifted_moments(x, axes, inv_n, groups, shifts, parts=False):
   mean), typically ~1, instead of ``mean²/var`` for ``E[x²] − E[x]²`` (Flax's fast
   variance), which is unbounded. Two different shifts keep the two sums separate
   expressions, each fused into its own read of ``x`` (``benchmarks/RESULTS.md``, item 11).
-  With ``shifts=None`` it is the exact two-pass formula (complex ``E|x − μ|²`` included).
-  With ``parts``, ``(a, d, var)``: the mean as ``a + d`` unrounded, ``d`` small, so that
-  means of shards far off centre can be compared without their rounding (``d = 0`` for two
-  passes).
+  With ``parts``, ``(a, d, var)``: the mean as ``a + d`` unrounded, ``d`` small.
   """
-  if shifts is None:  # a sharded reduced axis, an empty or complex input: two passes
-    mean = group_sum(x, axes, groups) * inv_n
-    var = group_sum(abs_sq(x - mean), axes, groups) * inv_n
-    return (mean, jnp.zeros_like(mean), var) if parts else (mean, var)
   a, b = shifts
   d1 = group_sum(x - a, axes, groups) * inv_n
   s2 = group_sum(jnp.square(x - b), axes, groups) * inv_n
@@ -471,12 +483,19 @@ def _shifted_moments(x, axes, inv_n, groups, shifts, parts=False):
   return (a, d1, var) if parts else (a + d1, var)
 
 
-def _two_pass_about(x, axes, inv_n, groups, a):
-  """The mean as ``a + Σ(x − a)/n`` (``a``: an element of each group), then ``Σ(x − μ)²``:
-  the two-pass formula with a mean rounded once at the offset, not summed there (at 1e6
-  the plain sums' mean was up to 3 float32 ulps off, this one half an ulp: item 39)."""
-  mean = a + group_sum(x - a, axes, groups) * inv_n
-  return mean, group_sum(jnp.square(x - mean), axes, groups) * inv_n
+def _two_pass(x, axes, groups, inv_n, valid=None, center=True, about=None):
+  """Mean and variance ``E|x − μ|²`` of the valid elements (all when ``valid`` is None) in
+  two passes, the mean as ``a + mean(x − a)`` around an element ``about`` of each group
+  where one is given (rounded once at the offset: at 1e6 the plain sums' mean was up to
+  3 float32 ulps off, this one half an ulp, item 39); uncentred, 0 and ``E|x|²``."""
+
+  def mean_of(z):
+    return group_sum(z if valid is None else jnp.where(valid, z, 0), axes, groups) * inv_n
+
+  if not center:
+    return jnp.zeros(inv_n.shape, x.dtype), mean_of(abs_sq(x))
+  mean = mean_of(x) if about is None else about + mean_of(x - about)
+  return mean, mean_of(abs_sq(x - mean))
 
 
 def _gather(value, axis_name, axis_index_groups):
@@ -495,53 +514,28 @@ def _gather(value, axis_name, axis_index_groups):
   return lax.psum(slots.at[group, position].set(value), axis_name)[group]
 
 
-def _two_pass(x, axes, groups, center, valid, inv_n):
-  """Mean and sum of squared deviations ``M2 = Σ|x − μ|²`` of the valid elements (all when
-  ``valid`` is None), in two passes; without centering the mean is 0 and ``M2 = Σ|x|²``."""
-  if center:
-    mean = group_sum(x if valid is None else jnp.where(valid, x, 0), axes, groups) * inv_n
-    dev = x - mean
-  else:
-    mean = jnp.zeros(inv_n.shape, x.dtype)
-    dev = x
-  return mean, group_sum(abs_sq(dev if valid is None else jnp.where(valid, dev, 0)), axes, groups)
-
-
 # Up to this many members, one gather of every member's (n, μ, M2); beyond, two psums. A
 # gather is a collective of (members × 3 × features): fine across devices, quadratic under
 # vmap over a batch (each example a member: 5.8x Equinox's time at 256 examples).
 _GATHER_MEMBERS = 16
 
 
-def _combine_devices(count, a, d, m2, axis_name, axis_index_groups):
-  """Exact statistics across devices: each device's count ``nᵢ``, mean ``μᵢ = aᵢ + dᵢ``
-  (``dᵢ`` a small remainder where the device's method has one, else 0) and ``M2ᵢ``
-  combined with Chan, Golub & LeVeque's parallel formula ``n = Σnᵢ``, ``μ = Σnᵢμᵢ/n``,
-  ``M2 = ΣM2ᵢ + Σnᵢ|μᵢ − μ|²`` — no offset is squared, each ``μᵢ − μ`` is taken as
-  ``(aᵢ − μ̃) + dᵢ`` around a rounded ``μ̃`` (means rounded far off centre are off by more
-  than their spread), devices with no valid element (``nᵢ = 0``) drop out, and every
-  device gets the same result. Over at most ``_GATHER_MEMBERS`` members in one collective
-  (:func:`_gather`), over more in two ``psum`` calls (``n`` and ``Σnᵢμᵢ``, then the ``M2``
-  terms and the mean's correction around ``μ̃``). Returns ``(mean, var, count)``."""
+def _combine_devices(parts, axis_name, axis_index_groups):
+  """Each device's ``(n, a, s₁, s₂)`` (its sums around its shift ``a``) combined across
+  ``axis_name`` (or this member's group), the same on every member: up to
+  ``_GATHER_MEMBERS`` members gathered in one collective (:func:`_gather`) and merged by
+  :func:`_merge`; beyond, moved onto one rough mean ``μ̃ = Σ(nᵢaᵢ + s₁ᵢ)/n`` in two
+  ``psum`` calls. No offset is squared; devices without a valid element drop out."""
+  n, a, s1, s2 = parts
   if axis_size(axis_name) > _GATHER_MEMBERS:
-    n = count.astype(a.dtype)
-    total, weighted = psum((n, n * (a + d)), axis_name, axis_index_groups)
-    safe = jnp.maximum(total.real, 1)
-    rough = weighted / safe
-    off = (a - rough) + d
-    m2, moved = psum((m2 + n.real * abs_sq(off), n * off), axis_name, axis_index_groups)
-    shift = moved / safe
-    return rough + shift, m2 / safe - abs_sq(shift), total.real.astype(count.dtype)
-  parts = (count.astype(a.dtype), a, d, m2.astype(a.dtype))
-  gathered = _gather(jnp.stack(jnp.broadcast_arrays(*parts)), axis_name, axis_index_groups)
-  counts, means, ds = gathered[:, 0].real.astype(count.dtype), gathered[:, 1], gathered[:, 2]
-  total = counts.sum(0)
-  safe = jnp.maximum(total, 1)
-  rough = (counts * (means + ds)).sum(0) / safe
-  off = (means - rough[None]) + ds
-  shift = (counts * off).sum(0) / safe
-  m2 = gathered[:, 3].real.sum(0) + (counts * abs_sq(off - shift[None])).sum(0)
-  return rough + shift, m2 / safe, total
+    total, weighted = psum((n, n * a + s1), axis_name, axis_index_groups)
+    rough = weighted / jnp.maximum(total, 1)
+    moved, more = _moved(n, s1, a - rough)
+    return (total, rough) + psum((moved, s2 + more), axis_name, axis_index_groups)
+  stacked = jnp.stack(jnp.broadcast_arrays(*(t.astype(a.dtype) for t in parts)))
+  gathered = _gather(stacked, axis_name, axis_index_groups)  # (members, 4, ...)
+  n, a, s1, s2 = _merge_along(jnp.moveaxis(gathered, 1, 0), 0)
+  return n.real, a, s1, s2.real
 
 
 class Variance(enum.Enum):
@@ -593,47 +587,44 @@ def group_moments(
   def result(mean, var, count):
     return Moments(mean.astype(out_dtype), var.astype(real_dtype(out_dtype)), count)
 
-  if valid is None and cfg.center and cfg.axis_name is None:
-    if groups is None and not jnp.iscomplexobj(x) and x.size:
-      mean, var = _unmasked(raw, axes, variance, x.dtype)
-    elif variance is Variance.CHECKED:
-      mean, var = _checked_moments(raw, x.dtype, axes, inv_n, groups)
-    elif variance is Variance.TWO_PASS and shift is not None and not jnp.iscomplexobj(x):
-      # Two passes on XLA:CPU (item 39); one on accelerators, where XLA:GPU reads x once
-      # for both shifted sums (two passes read it twice: Flax's 3|x| against 4|x|, item 41).
-      mean, var = lax.platform_dependent(
-        x,
-        *shift,
-        cpu=lambda x, a, b: _two_pass_about(x, axes, inv_n, groups, a),
-        default=lambda x, a, b: _shifted_moments(x, axes, inv_n, groups, (a, b)),
-      )
-    else:
-      mean, var = _shifted_moments(
-        x, axes, inv_n, groups, shift if variance is Variance.SHIFTED else None
-      )
-    return result(mean, var, count)
-  if cfg.axis_name is None:
-    mean, m2 = _two_pass(x, axes, groups, cfg.center, valid, inv_n)
-    return result(mean, m2 * inv_n, count)
+  if cfg.axis_name is not None:
+    parts = _device_parts(x, valid, count, inv_n, cfg)
+    return result(*_moments_of(parts, None), parts[0].astype(count_dt))
+  if valid is not None or not cfg.center or jnp.iscomplexobj(x) or not x.size:
+    return result(*_two_pass(x, axes, groups, inv_n, valid, cfg.center), count)
+  if groups is None:
+    mean, var = _unmasked(raw, axes, variance, x.dtype)
+  elif variance is Variance.SHIFTED and shift is not None:
+    mean, var = _shifted_moments(x, axes, inv_n, groups, shift)
+  else:  # (two passes: XLA:CPU's fastest for channel groups, item 39)
+    mean, var = _two_pass(x, axes, groups, inv_n, about=None if shift is None else shift[0])
+  return result(mean, var, count)
+
+
+def _device_parts(x, valid, count, inv_n, cfg):
+  """This device's ``(n, a, s₁, s₂)`` per group, combined across ``cfg.axis_name``: two
+  passes on XLA:CPU (as many reads of x as Flax's sums there), with a mask and for
+  complex data; elsewhere sums shifted by two elements, one read of x as Flax's."""
+  axes, groups = cfg.axes, cfg.channel_groups
 
   def two_passes(x, *_):
-    mean, m2 = _two_pass(x, axes, groups, cfg.center, valid, inv_n)
-    return mean, jnp.zeros_like(mean), m2
+    mean, var = _two_pass(x, axes, groups, inv_n, valid, cfg.center)
+    return count, mean, jnp.zeros_like(mean), var * count
 
   def shifted(x, a, b):
     a, d, var = _shifted_moments(x, axes, inv_n, groups, (a, b), parts=True)
-    return a, d, var / inv_n
+    return count, a, d * count, (var + d * d) * count
 
   shift = None
   if valid is None and cfg.center and not jnp.iscomplexobj(x):
     shift = shifts(x, axes, groups)
-  # Each device's two passes on XLA:CPU (as many reads of x as Flax's sums there); on
-  # accelerators its shifted sums, one read of x as Flax's, the mean as a + d unrounded.
   if shift is None:
-    a, d, m2 = two_passes(x)
+    parts = two_passes(x)
   else:
-    a, d, m2 = on_platform(x, *shift, cpu=two_passes, default=shifted)
-  return result(*_combine_devices(count, a, d, m2, cfg.axis_name, cfg.axis_index_groups))
+    parts = on_platform(x, *shift, cpu=two_passes, default=shifted)
+  real = real_dtype(x.dtype)
+  n, a, s1, s2 = parts[0].astype(real), parts[1], parts[2].astype(x.dtype), parts[3].astype(real)
+  return _combine_devices((n, a, s1, s2), cfg.axis_name, cfg.axis_index_groups)
 
 
 def _unmasked(raw, axes, variance, dtype):
@@ -657,9 +648,10 @@ def _by_method(raw, axes, variance, dtype):
   if variance is Variance.CHECKED:
     return _checked_moments(raw, dtype, axes, inv_n)
   x = raw.astype(dtype)
-  return _shifted_moments(
-    x, axes, inv_n, None, shifts(x, axes) if variance is Variance.SHIFTED else None
-  )
+  shift = shifts(x, axes) if variance is Variance.SHIFTED else None
+  if shift is None:  # (a sharded reduced axis, an empty input, or asked: two passes)
+    return _two_pass(x, axes, None, inv_n)
+  return _shifted_moments(x, axes, inv_n, None, shift)
 
 
 @_by_method.defjvp
@@ -723,7 +715,7 @@ def moments(
 
 def _moments(x, mask, cfg, keepdims):
   x = x.astype(cfg.dtype)
-  stats = group_moments(x, mask, cfg, Variance.SHIFTED, shifts(x, cfg.axes))
+  stats = group_moments(x, mask, cfg, Variance.SHIFTED)
   if keepdims:
     return stats
   return Moments(*(jnp.squeeze(s, cfg.axes) for s in stats))
@@ -741,132 +733,3 @@ def concrete_value(value: Any) -> np.ndarray | None:
     return np.asarray(value)
   except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
     return None
-
-
-def check_momentum(momentum: Any) -> None:
-  """Raises a ``ValueError`` if a concrete ``momentum`` is not in [0, 1] (NaN included);
-  traced values (e.g. a schedule under ``jit``) pass unchecked."""
-  value = concrete_value(momentum)
-  if value is None:
-    return
-  if not (np.issubdtype(value.dtype, np.number) or value.dtype == bool) or np.iscomplexobj(value):
-    raise TypeError(f"momentum must be a real number in [0, 1], got {momentum!r}.")
-  if not np.all((value >= 0) & (value <= 1)):
-    raise ValueError(
-      f"momentum must lie in [0, 1] (the weight kept by the running average), got "
-      f"{momentum!r}; PyTorch's momentum m corresponds to 1 - m here (its 0.1 is 0.9)."
-    )
-
-
-def unbiased_variance(stats: Moments) -> Moments:
-  """``stats`` with the unbiased variance ``n/(n − 1)·var`` (``n``: the valid count;
-  ``n ≤ 1`` keeps ``var``), PyTorch's running-variance convention, applied here only."""
-  n = stats.count.astype(stats.var.dtype)
-  return stats._replace(var=stats.var * (n / jnp.maximum(n - 1, 1)))
-
-
-def debiased_average(hidden: Any, counter: Any, momentum: float, initial: float = 0.0) -> Any:
-  """The average of the batches alone in a zero-debiased exponential average (Adam's
-  correction): after ``t = counter`` updates ``hidden = m^t·initial + (1 − m)·Σ m^(t−i)·bᵢ``,
-  and the result is ``(hidden − m^t·initial)/(1 − m^t)``, whose weights on the ``bᵢ`` sum to
-  1; ``hidden`` itself before the first update (or when ``m = 1``, which never moves it).
-
-  Equinox's ``mode="batch"`` starts its hidden variance at 1 and divides by ``1 − m^t``
-  without subtracting the start, which adds ``m^t/(1 − m^t)`` to the variance (0.58 after
-  100 steps at m = 0.99); ``initial=1`` removes it.
-
-  >>> float(debiased_average(jnp.array(0.5 * 1.0 + 0.5 * 4.0), 1, 0.5, initial=1.0))
-  4.0
-  """
-  power = jnp.asarray(momentum, jnp.result_type(hidden)) ** counter
-  unmoved = (counter == 0) | (power == 1)
-  return jnp.where(unmoved, hidden, (hidden - power * initial) / jnp.where(unmoved, 1, 1 - power))
-
-
-def update_running_average(
-  running_mean: jax.Array,
-  running_var: jax.Array,
-  batch: Moments,
-  momentum: float | None,
-  *,
-  unbiased: bool = False,
-  num_batches_tracked: Any = None,
-) -> tuple[jax.Array, jax.Array]:
-  """Exponential moving average of the statistics, Flax's convention.
-
-  ``ra = momentum * ra + (1 - momentum) * batch`` for the mean and the (biased) variance.
-  A statistic keeps its running value when its batch count is 0 (every element masked, or
-  an empty batch) or when its batch mean or variance is not finite (a NaN or inf in the
-  batch): one bad batch does not poison the running averages for good, while the output of
-  that step still shows the NaN. PyTorch's ``momentum=0.1`` corresponds to
-  ``momentum=0.9`` here.
-
-  PyTorch's training convention, as options: ``unbiased=True`` stores the unbiased batch
-  variance ``n/(n − 1)·var`` (``n``: the batch's valid count, across devices and masks;
-  ``n = 1`` gives ``var``), and ``momentum=None`` with ``num_batches_tracked`` (the number
-  of updates before this one) is PyTorch's ``momentum=None``, the cumulative average
-  ``ra + (batch − ra)/(num_batches_tracked + 1)``.
-
-  Args:
-    running_mean: the running mean, of the statistics' shape (complex for complex data).
-    running_var: the running variance, of the statistics' shape.
-    batch: the batch :class:`Moments` (without kept dims), e.g. from :func:`moments`.
-    momentum: the decay rate in [0, 1] (a traced value is accepted, not range-checked), or
-      None for the cumulative average.
-    unbiased: store the unbiased variance (PyTorch) instead of the biased one (Flax).
-    num_batches_tracked: updates so far; required with ``momentum=None``.
-
-  Returns:
-    ``(new_mean, new_var)`` in the running statistics' dtypes (a real running mean
-    becomes complex when the batch mean is complex, as in Flax).
-
-  Raises:
-    ValueError: for a concrete momentum outside [0, 1], ``momentum=None`` without
-      ``num_batches_tracked``, or statistics of another shape.
-
-  >>> m = Moments(jnp.array([2.0, 5.0]), jnp.array([4.0, 1.0]), jnp.array([8.0, 0.0]))
-  >>> mean, var = update_running_average(jnp.zeros(2), jnp.ones(2), m, 0.9)
-  >>> print(mean, var)
-  [0.2 0. ] [1.3 1. ]
-  """
-  if momentum is None:
-    if num_batches_tracked is None:
-      raise ValueError(
-        "momentum=None (PyTorch's cumulative average) needs num_batches_tracked, the number "
-        "of updates so far (a BatchNorm keeps it in its statistics); or give a momentum."
-      )
-    # In the statistics' dtype (float64 ones: a float32 factor would be 4e-8 off).
-    n = jnp.asarray(num_batches_tracked).astype(count_dtype(jnp.asarray(running_var).dtype))
-    decay: Any = 1.0 - 1.0 / (n + 1.0)
-  else:
-    decay = momentum
-  check_momentum(decay)
-  for name, ra, b in (("mean", running_mean, batch.mean), ("var", running_var, batch.var)):
-    if jnp.shape(ra) != jnp.shape(b):
-      raise ValueError(
-        f"running {name} has shape {jnp.shape(ra)} but the batch statistics have shape "
-        f"{jnp.shape(b)}; the running statistics must be those of the same layer and axes."
-      )
-  # (1 − decay in Python when decay is a number, as Flax's: 0.1, not float32's 0.100000024)
-  return _compiled_update(running_mean, running_var, batch, decay, 1.0 - decay, unbiased)
-
-
-def _update(running_mean, running_var, batch, decay, complement, unbiased):
-  if unbiased:
-    batch = unbiased_variance(batch)
-  use = (batch.count > 0) & jnp.isfinite(batch.mean) & jnp.isfinite(batch.var)
-
-  def ema(ra, b):
-    ra = jnp.asarray(ra)
-    dtype = ra.dtype
-    if jnp.iscomplexobj(b) and not jnp.iscomplexobj(ra):
-      dtype = promote(dtype, b.dtype)
-    new = decay * ra + complement * b
-    return jnp.where(with_sharding_of(use, new), new, with_sharding_of(ra, new)).astype(dtype)
-
-  return ema(running_mean, batch.mean), ema(running_var, batch.var)
-
-
-# One compiled program per shape: eagerly, its dozen operations dispatched one by one made
-# an NNX BatchNorm training call 1.27x Flax's (``benchmarks/RESULTS.md``, item 33).
-_compiled_update = jax.jit(_update, static_argnums=(5,))

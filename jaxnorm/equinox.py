@@ -65,7 +65,8 @@ from jaxnorm._modern_equinox import (
   WeightNorm,
 )
 from jaxnorm._norms import group_norm, layer_norm, rms_norm
-from jaxnorm._stats import check_momentum, debiased_average, moments, update_running_average
+from jaxnorm._running import check_momentum, debiased_average, update_running_average
+from jaxnorm._stats import moments
 
 __all__ = [
   "AdaLayerNorm",

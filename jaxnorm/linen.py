@@ -50,7 +50,7 @@ from jaxnorm._modern_linen import (  # noqa: F401 (the Linen set)
   DyT,
   LocalResponseNorm,
 )
-from jaxnorm._stats import check_momentum
+from jaxnorm._running import check_momentum
 from jaxnorm._wrappers_linen import SpectralNorm, WeightNorm  # noqa: F401 (the Linen set)
 
 Initializer = Any

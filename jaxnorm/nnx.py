@@ -67,7 +67,7 @@ from jaxnorm._modern_nnx import (
   DyT,
   LocalResponseNorm,
 )
-from jaxnorm._stats import check_momentum
+from jaxnorm._running import check_momentum
 from jaxnorm._wrappers_nnx import SpectralNorm, WeightNorm
 from jaxnorm.fold import batch_norm_labels
 
