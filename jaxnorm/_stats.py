@@ -584,21 +584,22 @@ def group_moments(
     count = group_sum(valid, axes, groups, dtype=count_dt)
   inv_n = 1.0 / jnp.maximum(count, 1)
 
-  def result(mean, var, count):
+  def result(stats, count=count):
+    mean, var = stats
     return Moments(mean.astype(out_dtype), var.astype(real_dtype(out_dtype)), count)
 
   if cfg.axis_name is not None:
     parts = _device_parts(x, valid, count, inv_n, cfg)
-    return result(*_moments_of(parts, None), parts[0].astype(count_dt))
+    return result(_moments_of(parts, None), parts[0].astype(count_dt))
   if valid is not None or not cfg.center or jnp.iscomplexobj(x) or not x.size:
-    return result(*_two_pass(x, axes, groups, inv_n, valid, cfg.center), count)
+    return result(_two_pass(x, axes, groups, inv_n, valid, cfg.center))
   if groups is None:
     mean, var = _unmasked(raw, axes, variance, x.dtype)
   elif variance is Variance.SHIFTED and shift is not None:
     mean, var = _shifted_moments(x, axes, inv_n, groups, shift)
   else:  # (two passes: XLA:CPU's fastest for channel groups, item 39)
     mean, var = _two_pass(x, axes, groups, inv_n, about=None if shift is None else shift[0])
-  return result(mean, var, count)
+  return result((mean, var))
 
 
 def _device_parts(x, valid, count, inv_n, cfg):
