@@ -203,11 +203,10 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
     variance = Variance.TWO_PASS  # (no cond, Flax's reads of x: items 37 and 39)
   elif differentiated:
     variance = Variance.SHIFTED
-  if cfg.channel_groups is not None and variance is not Variance.CHECKED:
+  if variance is Variance.SHIFTED or (cfg.channel_groups and variance is Variance.TWO_PASS):
     # Sliced from x itself, not from its view: XLA:CPU then reads them once (item 11).
-    # (Without groups the statistics slice their own shifts.)
-    shift = shifts(x.astype(cfg.dtype), cfg.axes, cfg.channel_groups)
-    shift = None if shift is None else tuple(map(v, shift))
+    shift = shifts(x, cfg.axes, cfg.channel_groups)
+    shift = None if shift is None else tuple(v(s).astype(cfg.dtype) for s in shift)
   stats = group_moments(v(x), v(mask), v.config(cfg), variance, shift)
   x = x.astype(cfg.dtype)
   kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))

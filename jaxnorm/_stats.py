@@ -595,7 +595,7 @@ def group_moments(
     return result(_moments_of(parts, None), parts[0].astype(count_dt))
   if valid is not None or not cfg.center or jnp.iscomplexobj(x) or not x.size:
     return result(_two_pass(x, axes, groups, inv_n, valid, cfg.center))
-  if groups is None:
+  if groups is None and (shift is None or on_mesh(raw)):
     mean, var = _unmasked(raw, axes, variance, x.dtype)
   elif variance is Variance.SHIFTED and shift is not None:
     mean, var = _shifted_moments(x, axes, inv_n, groups, shift)
