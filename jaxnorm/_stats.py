@@ -313,26 +313,33 @@ def _merged_sums(raw, axes, dtype):
 
 
 def _two_shifts(raw, axes, dtype, per_outer=False):
-  """``(n, a, s₁, s₂)`` as :func:`_merged_sums`, from plain sums shifted by each kept
-  index's first element ``a`` and last ``b``: ``Σ(x − a)`` and ``Σ(x − b)²``, moved onto
-  ``a`` on the small sums. Two shifts keep them two expressions, each fused into its own
-  read (one shared ``x − a`` XLA:GPU wrote out: 5|x| against 3|x| at 8 × 64 × 64 × 320);
-  sliced from ``raw`` itself (no converted copy of a half-precision input written out).
-  With ``per_outer`` (on a mesh), one pair of shifts per index of the first reduced axis,
-  the sums over the others, merged over it: where GSPMD shards that axis the shifts stay
-  on their shard, and one gather combines the shards (two broadcasts and 4 all-reduces
-  for a BatchNorm over 4 GPUs otherwise)."""
+  """``(n, a, s₁, s₂)`` as :func:`_merged_sums`, by :func:`_shifted_parts` with each kept
+  index's first and last elements (one shared ``x − a`` XLA:GPU wrote out: 5|x| against
+  3|x| at 8 × 64 × 64 × 320), sliced from ``raw`` itself (no converted copy of a
+  half-precision input written out). With ``per_outer`` (on a mesh), one pair of shifts
+  per index of the first reduced axis, the sums over the others, merged over it: where
+  GSPMD shards that axis the shifts stay on their shard, and one gather combines the
+  shards (two broadcasts and 4 all-reduces for a BatchNorm over 4 GPUs otherwise)."""
   inner = axes[1:] if per_outer and len(axes) > 1 else axes
-  a, b = raw, raw
-  for axis in inner:
-    a = lax.slice_in_dim(a, 0, 1, axis=axis)
-    b = lax.slice_in_dim(b, raw.shape[axis] - 1, raw.shape[axis], axis=axis)
-  a, b, x = a.astype(dtype), b.astype(dtype), raw.astype(dtype)
-  s1, t2 = jnp.sum(x - a, inner, keepdims=True), jnp.sum(jnp.square(x - b), inner, keepdims=True)
-  n = jnp.full_like(s1, math.prod(raw.shape[axis] for axis in inner))
-  delta = b - a
-  parts = (n, a, s1, t2 + delta * (2 * s1 - n * delta))
+  ab = tuple(s.astype(dtype) for s in shifts(raw, inner))
+  parts = _shifted_parts(raw.astype(dtype), inner, None, ab)
   return parts if inner == axes else _merged(parts, axes[:1], _mesh_size(raw))
+
+
+def _shifted_parts(x, axes, groups, shifts):
+  """``(n, a, s₁, s₂)`` around ``a`` from one parallel pass of sums shifted by two elements
+  ``a`` and ``b`` of each group (``shifts``, from :func:`shifts`): ``s₁ = Σ(x − a)`` and
+  ``Σ(x − b)²``, moved onto ``a`` on the small sums. Shifting by an element of the group
+  removes the offset before anything is summed or squared: the cancellation left is at
+  most ``(mean − b)²/var ≤ n`` (an element lies within ``sqrt(n)`` standard deviations
+  of the mean), typically ~1, instead of ``mean²/var`` for ``E[x²] − E[x]²`` (Flax's
+  fast variance), which is unbounded. Two different shifts keep the two sums separate
+  expressions, each fused into its own read of ``x`` (``benchmarks/RESULTS.md``, item 11)."""
+  a, b = shifts
+  s1, t2 = group_sum(x - a, axes, groups), group_sum(jnp.square(x - b), axes, groups)
+  n = jnp.full_like(s1, elements_per_group(x.shape, axes, groups))
+  delta = b - a
+  return n, a, s1, t2 + delta * (2 * s1 - n * delta)
 
 
 def _moments_of(parts, groups):
@@ -462,27 +469,6 @@ def _checked_moments(raw, dtype, axes, inv_n, groups=None):
   return lax.cond(well_conditioned, one_pass, two_pass, (raw, mean, fast))
 
 
-def _shifted_moments(x, axes, inv_n, groups, shifts, parts=False):
-  """Mean and variance from one parallel pass of shifted sums, accurate for any offset.
-
-  With ``a`` and ``b`` two elements of each group (its first and its last; ``shifts`` from
-  :func:`shifts`), ``s₁ = Σ(x − a)`` and ``s₂ = Σ(x − b)²`` give ``mean = a + s₁/n`` and
-  ``var = s₂/n − (mean − b)²``. Shifting by an element of the group removes the offset
-  before anything is summed or squared: the cancellation left is at most
-  ``(mean − b)²/var ≤ n`` (an element lies within ``sqrt(n)`` standard deviations of the
-  mean), typically ~1, instead of ``mean²/var`` for ``E[x²] − E[x]²`` (Flax's fast
-  variance), which is unbounded. Two different shifts keep the two sums separate
-  expressions, each fused into its own read of ``x`` (``benchmarks/RESULTS.md``, item 11).
-  With ``parts``, ``(a, d, var)``: the mean as ``a + d`` unrounded, ``d`` small.
-  """
-  a, b = shifts
-  d1 = group_sum(x - a, axes, groups) * inv_n
-  s2 = group_sum(jnp.square(x - b), axes, groups) * inv_n
-  d2 = d1 + (a - b)
-  var = jnp.maximum(s2 - d2 * d2, 0)
-  return (a, d1, var) if parts else (a + d1, var)
-
-
 def _two_pass(x, axes, groups, inv_n, valid=None, center=True, about=None, raw=None):
   """Mean and variance ``E|x − μ|²`` of the valid elements (all when ``valid`` is None) in
   two passes, the mean as ``a + mean(x − a)`` around an element ``about`` of each group
@@ -598,7 +584,7 @@ def group_moments(
   if groups is None and (shift is None or on_mesh(raw)):
     mean, var = _unmasked(raw, axes, variance, x.dtype)
   elif variance is Variance.SHIFTED and shift is not None:
-    mean, var = _shifted_moments(x, axes, inv_n, groups, shift)
+    mean, var = _moments_of(_shifted_parts(x, axes, groups, shift), None)
   else:  # (two passes on raw x: XLA:CPU's fastest for channel groups, items 21 and 39)
     about = None if shift is None else shift[0]
     mean, var = _two_pass(x, axes, groups, inv_n, about=about, raw=raw)
@@ -615,9 +601,8 @@ def _device_parts(x, valid, count, inv_n, cfg):
     mean, var = _two_pass(x, axes, groups, inv_n, valid, cfg.center)
     return count, mean, jnp.zeros_like(mean), var * count
 
-  def shifted(x, a, b):
-    a, d, var = _shifted_moments(x, axes, inv_n, groups, (a, b), parts=True)
-    return count, a, d * count, (var + d * d) * count
+  def shifted(x, a, b):  # (the count of two_passes: under shard_map, not varying)
+    return (count,) + _shifted_parts(x, axes, groups, (a, b))[1:]
 
   shift = None
   if valid is None and cfg.center and not jnp.iscomplexobj(x):
@@ -655,7 +640,7 @@ def _by_method(raw, axes, variance, dtype):
   shift = shifts(x, axes) if variance is Variance.SHIFTED else None
   if shift is None:  # (a sharded reduced axis, an empty input, or asked: two passes)
     return _two_pass(x, axes, None, inv_n)
-  return _shifted_moments(x, axes, inv_n, None, shift)
+  return _moments_of(_shifted_parts(x, axes, None, shift), None)
 
 
 @_by_method.defjvp
