@@ -116,6 +116,12 @@ def _ms(values):
   return a.mean(), a.std()
 
 
+def _cell(values):
+  """``mean ± std (min–max)`` of one setting's accuracies over the seeds."""
+  a = np.asarray(values)
+  return f"{a.mean():.3f} ± {a.std():.3f} ({a.min():.3f}–{a.max():.3f})"
+
+
 def _cmp(a, b):
   """How ``a`` stands against ``b`` (mean, std pairs; noise: 2 std, at least 0.005)."""
   noise = max(2 * max(a[1], b[1]), 0.005)
@@ -171,8 +177,9 @@ def write_report(out_dir, acc, ft, args, seconds):
     f"{args.epochs}` ({seconds / 60:.0f} minutes on {os.cpu_count()} CPU cores, "
     f"{platform.machine()}, jax {jax.__version__}). The mini CNN on digits "
     f"(`examples/mini_cnn.py`), {args.epochs} epochs at every batch size (the same images "
-    f"seen), Adam with learning rate 3e-3·sqrt(batch/32), mean ± std of the test accuracy "
-    f"over {args.seeds} seeds. *by-class*: every batch holds a single digit (non-i.i.d.; "
+    f"seen), Adam with learning rate 3e-3·sqrt(batch/32), mean ± std (smallest–largest) "
+    f"of the test accuracy over {args.seeds} seeds. *by-class*: every batch holds a single "
+    f"digit (non-i.i.d.; "
     f"batch sizes up to {BY_CLASS_MAX_BATCH}: a digit has ~135 training images; at batch 1 "
     f"both orders are i.i.d., a batch of one image always holds one class, so that column "
     f"is a second draw of the same setting); "
@@ -189,7 +196,7 @@ def write_report(out_dir, acc, ft, args, seconds):
     for norm, by_batch in acc[order].items():
       cells = []
       for b in BATCHES:
-        cells.append("—" if b not in by_batch else "{:.3f} ± {:.3f}".format(*_ms(by_batch[b])))
+        cells.append("—" if b not in by_batch else _cell(by_batch[b]))
       lines.append(f"| {norm} | " + " | ".join(cells) + " |")
     lines.append("")
   lines += [
@@ -198,12 +205,11 @@ def write_report(out_dir, acc, ft, args, seconds):
     "",
     "| | test accuracy |",
     "|---|---|",
-    "| pretrained, on digits 0–4 | {:.3f} ± {:.3f} |".format(*_ms(ft["pretrained"])),
+    f"| pretrained, on digits 0–4 | {_cell(ft['pretrained'])} |",
   ]
   for order in ORDERS:
     for norm, name in (("batch", "BatchNorm training"), ("frozen", "FrozenBatchNorm")):
-      mean, std = _ms(ft[f"{norm}/{order}"])
-      lines.append(f"| {name}, {order}, on digits 5–9 | {mean:.3f} ± {std:.3f} |")
+      lines.append(f"| {name}, {order}, on digits 5–9 | {_cell(ft[f'{norm}/{order}'])} |")
   lines += ["", "![plots](small_batch.png)", "", "## Reading", "", *reading(acc, ft), ""]
   with open(os.path.join(out_dir, "small_batch.md"), "w") as f:
     f.write("\n".join(lines))
@@ -231,7 +237,7 @@ def write_report(out_dir, acc, ft, args, seconds):
   fig.savefig(os.path.join(out_dir, "small_batch.png"), dpi=110)
   plt.close(fig)
   with open(os.path.join(out_dir, "small_batch.json"), "w") as f:
-    json.dump(dict(accuracy=acc, fine_tuning=ft, args=vars(args)), f, indent=1)
+    json.dump(dict(accuracy=acc, fine_tuning=ft, args=vars(args), seconds=seconds), f, indent=1)
 
 
 def main(argv=None):
@@ -241,7 +247,19 @@ def main(argv=None):
   ap.add_argument("--epochs", type=int, default=8)
   ap.add_argument("--pre-epochs", type=int, default=12)
   ap.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+  ap.add_argument("--report", metavar="JSON", help="only rewrite the report from a run's JSON")
   args = ap.parse_args(argv)
+  if args.report:  # (the figures of a run, without training again)
+    with open(args.report) as f:
+      run = json.load(f)
+    args.seeds, args.epochs = len(run["fine_tuning"]["pretrained"]), run["args"]["epochs"]
+    args.pre_epochs = run["args"]["pre_epochs"]
+    acc = {
+      o: {n: {int(b): v for b, v in by.items()} for n, by in g.items()}
+      for o, g in run["accuracy"].items()
+    }
+    write_report(args.out, acc, run["fine_tuning"], args, run.get("seconds", float("nan")))
+    return
   start = time.perf_counter()
   acc = run_grid(args.seeds, args.epochs, tuple(args.batches))
   ft = fine_tune(args.seeds, args.pre_epochs)

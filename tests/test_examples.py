@@ -1,6 +1,7 @@
 """Smoke tests of the examples: a few steps with tiny settings; each prints its metrics as
 a JSON object on its last stdout line, and its loss falls."""
 
+import argparse
 import json
 import os
 import sys
@@ -199,14 +200,18 @@ def test_small_batch_study_report_follows_its_numbers(tmp_path):
   ft = {"pretrained": [0.97, 0.97]}
   ft.update({f"{n}/{o}": [0.9, 0.9] for n in ("batch", "frozen") for o in study.ORDERS})
   ft["frozen/by-class"] = [0.96, 0.97]
-  args = type("Args", (), dict(seeds=2, epochs=8, pre_epochs=12))()
+  args = argparse.Namespace(seeds=2, epochs=8, pre_epochs=12)
   study.write_report(str(tmp_path), acc, ft, args, 60.0)
   text = (tmp_path / "small_batch.md").read_text()
-  assert "| batch | 0.910 ± 0.010 | 0.610 ± 0.010 | 0.910 ± 0.010 | — |" in text
+  cells = "0.910 ± 0.010 (0.900–0.920) | 0.610 ± 0.010 (0.600–0.620) | 0.910 ± 0.010 (0.900–0.920)"
+  assert f"| batch | {cells} | — |" in text
   assert "BatchNorm 0.610 ± 0.010 (below its 0.910 at batch 128" in text
   assert "Batch Renorm 0.910 ± 0.010 (above BatchNorm)" in text
   assert "frozen 0.965 ± 0.005 — frozen is above training BatchNorm" in text
   assert os.path.getsize(tmp_path / "small_batch.png") > 10_000
+  # --report writes the same page from the run's JSON, without training
+  study.main(["--report", str(tmp_path / "small_batch.json"), "--out", str(tmp_path / "again")])
+  assert (tmp_path / "again" / "small_batch.md").read_text() == text
 
 
 def test_small_batch_study_runs_a_tiny_grid(monkeypatch):
