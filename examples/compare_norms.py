@@ -14,7 +14,7 @@ and writes ``norm_comparison.md`` (tables), ``norm_comparison.png`` (plots) and
 the docs' copy is regenerated with ``--out docs/studies``). About 15 minutes on 2 CPU cores:
 
   python examples/compare_norms.py [--out results/compare_norms] [--seeds 2] [--epochs 8]
-      [--steps 600]
+      [--steps 600] [--tf-seeds 1]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from tqdm import tqdm  # noqa: E402
 BATCH_SIZES = (2, 8, 32, 128)
 # The small-batch remedies (Batch Renorm, ghost batches) have their own study.
 CNN_NORMS = tuple(n for n in mini_cnn.NORMS if n not in ("renorm", "ghost"))
+TF_NORMS = ("layer", "rms")
 
 
 def quietly(fn, **kwargs):
@@ -58,15 +59,23 @@ def run_cnn(seeds: int, epochs: int) -> dict:
   return acc
 
 
-def run_transformer(steps: int) -> dict:
-  out = {}
-  configs = [(n, p) for p in (False, True) for n in mini_transformer.NORMS]
-  for norm, post in tqdm(configs, desc="Transformer runs"):
+def run_transformer(steps: int, seeds: int = 1) -> dict:
+  """``{"<norm>-<pre|post>": [result per seed]}`` for LayerNorm and RMSNorm, Pre-LN and
+  Post-LN."""
+  out: dict = {}
+  configs = [(n, p, s) for p in (False, True) for n in TF_NORMS for s in range(seeds)]
+  for norm, post, seed in tqdm(configs, desc="Transformer runs"):
     r = quietly(
-      mini_transformer.train, norm=norm, post_ln=post, steps=steps, sample_length=0, history=True
-    )
-    out[f"{norm}-{'post' if post else 'pre'}"] = r
+      mini_transformer.train, norm=norm, post_ln=post, steps=steps, sample_length=0,
+      history=True, seed=seed,
+    )  # fmt: skip
+    out.setdefault(f"{norm}-{'post' if post else 'pre'}", []).append(r)
   return out
+
+
+def _final(tf, name):
+  """The final validation losses of one Transformer configuration, one per seed."""
+  return np.array([r["final_loss"] for r in tf[name]])
 
 
 def _acc(cnn, norm, batch):
@@ -88,7 +97,11 @@ def reading(cnn: dict, tf: dict) -> list[str]:
   bn_small, bn_large = _acc(cnn, "batch", small), _acc(cnn, "batch", large)
   gn_small = _acc(cnn, "group", small)
   best_large = max(cnn, key=lambda n: _acc(cnn, n, large)[0])
-  ln, rms = tf["layer-pre"], tf["rms-pre"]
+  ln, rms = _final(tf, "layer-pre"), _final(tf, "rms-pre")
+  post_ln, post_rms = _final(tf, "layer-post"), _final(tf, "rms-post")
+  time_ratio = np.mean([r["seconds"] for r in tf["rms-pre"]]) / np.mean(
+    [r["seconds"] for r in tf["layer-pre"]]
+  )
   bn_verdict = _versus(bn_small, bn_large)
   lines = [
     f"- *BatchNorm for large-batch CNNs*: at batch {large}, BatchNorm reaches "
@@ -109,9 +122,10 @@ def reading(cnn: dict, tf: dict) -> list[str]:
     f"{_acc(cnn, 'none', 32)[0]:.3f} at batch 32 against {_acc(cnn, 'batch', 32)[0]:.3f} "
     f"with BatchNorm.",
     f"- *LayerNorm or RMSNorm for Transformers, RMSNorm cheaper*: Pre-LN validation loss "
-    f"{ln['final_loss']:.3f} (LayerNorm) vs {rms['final_loss']:.3f} (RMSNorm); Post-LN "
-    f"{tf['layer-post']['final_loss']:.3f} vs {tf['rms-post']['final_loss']:.3f}. Training "
-    f"time RMSNorm/LayerNorm: {rms['seconds'] / ln['seconds']:.2f} (Pre-LN): at this model "
+    f"{ln.mean():.3f} (LayerNorm) vs {rms.mean():.3f} (RMSNorm), RMSNorm's lower in "
+    f"{int((rms < ln).sum())} of {len(ln)} seeds; Post-LN {post_ln.mean():.3f} vs "
+    f"{post_rms.mean():.3f}, in {int((post_rms < post_ln).sum())} of {len(ln)}. Training "
+    f"time RMSNorm/LayerNorm: {time_ratio:.2f} (Pre-LN): at this model "
     f"size the norms are a small share of the compute, so RMSNorm's saving does not show "
     f"in the wall-clock time. Both placements train stably at this depth (3 blocks).",
   ]
@@ -124,12 +138,14 @@ def write_report(out_dir: str, cnn: dict, tf: dict, args, seconds: float) -> Non
     "# Which norm when: measured",
     "",
     "Regenerate with `python examples/compare_norms.py --out docs/studies "
-    f"--seeds {args.seeds} --epochs {args.epochs} --steps {args.steps}` "
+    f"--seeds {args.seeds} --tf-seeds {args.tf_seeds} --epochs {args.epochs} "
+    f"--steps {args.steps}` "
     f"({seconds / 60:.0f} minutes on {os.cpu_count()} CPU cores, {platform.machine()}, "
     f"jax {jax.__version__}, device {jax.devices()[0].platform}).",
     "",
     f"## Mini CNN on digits: test accuracy by batch size ({args.epochs} epochs, Adam with "
-    f"learning rate 3e-3·sqrt(batch/32), mean ± std over {args.seeds} seeds)",
+    f"learning rate 3e-3·sqrt(batch/32), mean ± std (smallest–largest) over {args.seeds} "
+    f"seeds)",
     "",
     "| norm | " + " | ".join(f"batch {b}" for b in BATCH_SIZES) + " |",
     "|---|" + "---|" * len(BATCH_SIZES),
@@ -138,20 +154,23 @@ def write_report(out_dir: str, cnn: dict, tf: dict, args, seconds: float) -> Non
     cells = []
     for b in BATCH_SIZES:
       a = np.array([x[0] for x in by_batch[b]])
-      cells.append(f"{a.mean():.3f} ± {a.std():.3f}")
+      cells.append(f"{a.mean():.3f} ± {a.std():.3f} ({a.min():.3f}–{a.max():.3f})")
     lines.append(f"| {norm} | " + " | ".join(cells) + " |")
   lines += [
     "",
-    f"## Mini Transformer on Genesis (KJV): validation loss ({args.steps} steps)",
+    f"## Mini Transformer on Genesis (KJV): validation loss ({args.steps} steps, mean ± std "
+    f"(smallest–largest) over {args.tf_seeds} seeds)",
     "",
     "| norm | placement | initial loss | final loss | final / initial | seconds |",
     "|---|---|---|---|---|---|",
   ]
-  for name, r in tf.items():
+  for name, runs in tf.items():
     norm, place = name.split("-")
+    first, final = np.array([r["initial_loss"] for r in runs]), _final(tf, name)
     lines.append(
-      f"| {norm} | {place}-LN | {r['initial_loss']:.3f} | {r['final_loss']:.3f} | "
-      f"{r['final_loss'] / r['initial_loss']:.3f} | {r['seconds']:.1f} |"
+      f"| {norm} | {place}-LN | {first.mean():.3f} | {final.mean():.3f} ± {final.std():.3f} "
+      f"({final.min():.3f}–{final.max():.3f}) | {(final / first).mean():.3f} | "
+      f"{np.mean([r['seconds'] for r in runs]):.1f} |"
     )
   lines += ["", "![plots](norm_comparison.png)", "", "## Reading", "", *reading(cnn, tf), ""]
   lines += [
@@ -173,9 +192,9 @@ def write_report(out_dir: str, cnn: dict, tf: dict, args, seconds: float) -> Non
   ax1.set_title(f"mini CNN on digits, {args.epochs} epochs")
   ax1.grid(alpha=0.3)
   ax1.legend()
-  for name, r in tf.items():
-    xs = np.arange(1, len(r["val_curve"])) * r["eval_every"]
-    ax2.plot(xs, r["val_curve"][1:], label=name)
+  for name, runs in tf.items():  # (the mean curve over the seeds)
+    curve = np.mean([r["val_curve"] for r in runs], axis=0)
+    ax2.plot(np.arange(1, len(curve)) * runs[0]["eval_every"], curve[1:], label=name)
   ax2.set_xlabel("step")
   ax2.set_ylabel("validation loss (nats/char)")
   ax2.set_title("mini Transformer on Genesis")
@@ -185,7 +204,7 @@ def write_report(out_dir: str, cnn: dict, tf: dict, args, seconds: float) -> Non
   fig.savefig(os.path.join(out_dir, "norm_comparison.png"), dpi=110)
   plt.close(fig)
   with open(os.path.join(out_dir, "norm_comparison.json"), "w") as f:
-    json.dump(dict(cnn=cnn, transformer=tf, args=vars(args)), f, indent=1)
+    json.dump(dict(cnn=cnn, transformer=tf, args=vars(args), seconds=seconds), f, indent=1)
 
 
 def main(argv=None):
@@ -194,10 +213,19 @@ def main(argv=None):
   ap.add_argument("--seeds", type=int, default=2)
   ap.add_argument("--epochs", type=int, default=8)
   ap.add_argument("--steps", type=int, default=600)
+  ap.add_argument("--tf-seeds", type=int, default=1, help="Transformer trainings per config")
+  ap.add_argument("--report", metavar="JSON", help="only rewrite the report from a run's JSON")
   args = ap.parse_args(argv)
+  if args.report:  # (the figures of a run, without training again)
+    with open(args.report) as f:
+      run = json.load(f)
+    vars(args).update({k: v for k, v in run["args"].items() if k not in ("out", "report")})
+    cnn = {n: {int(b): v for b, v in by.items()} for n, by in run["cnn"].items()}
+    write_report(args.out, cnn, run["transformer"], args, run.get("seconds", float("nan")))
+    return
   start = time.perf_counter()
   cnn = run_cnn(args.seeds, args.epochs)
-  tf = run_transformer(args.steps)
+  tf = run_transformer(args.steps, args.tf_seeds)
   seconds = time.perf_counter() - start
   write_report(args.out, cnn, tf, args, seconds)
   print(

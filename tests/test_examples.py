@@ -214,6 +214,32 @@ def test_small_batch_study_report_follows_its_numbers(tmp_path):
   assert (tmp_path / "again" / "small_batch.md").read_text() == text
 
 
+def test_compare_norms_report_follows_its_numbers(tmp_path):
+  import compare_norms as study
+
+  cnn = {n: {b: [[0.9, 1.0], [0.92, 1.0]] for b in study.BATCH_SIZES} for n in study.CNN_NORMS}
+  cnn["batch"][128] = [[0.99, 1.0], [0.97, 1.0]]
+
+  def runs(finals):  # (one Transformer result per seed)
+    return [
+      dict(initial_loss=4.0, final_loss=f, seconds=10.0, val_curve=[4.0, 2.0, f], eval_every=50)
+      for f in finals
+    ]
+
+  tf = {"layer-pre": runs([1.30, 1.34]), "rms-pre": runs([1.29, 1.36])}
+  tf.update({"layer-post": runs([1.3, 1.3]), "rms-post": runs([1.2, 1.2])})
+  args = argparse.Namespace(seeds=2, tf_seeds=2, epochs=8, steps=600)
+  study.write_report(str(tmp_path), cnn, tf, args, 60.0)
+  text = (tmp_path / "norm_comparison.md").read_text()
+  assert "| batch | 0.910 ± 0.010 (0.900–0.920) |" in text
+  assert "0.980 ± 0.010 (0.970–0.990) |" in text
+  assert "| rms | pre-LN | 4.000 | 1.325 ± 0.035 (1.290–1.360) | 0.331 | 10.0 |" in text
+  assert "RMSNorm's lower in 1 of 2 seeds; Post-LN 1.300 vs 1.200, in 2 of 2" in text
+  assert "best norm there is **batch** (0.980)" in text
+  study.main(["--report", str(tmp_path / "norm_comparison.json"), "--out", str(tmp_path / "b")])
+  assert (tmp_path / "b" / "norm_comparison.md").read_text() == text
+
+
 def test_small_batch_study_runs_a_tiny_grid(monkeypatch):
   import small_batch_study as study
 
