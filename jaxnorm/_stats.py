@@ -13,11 +13,11 @@ The engine (``benchmarks/RESULTS.md``, items 38-39 and 47 give the figures):
   merges groups' sums shifted by their first elements (:func:`merged_moments`): one read
   of x, as Flax's ``Σx ∥ Σx²``, exact, partitioned by GSPMD with nothing custom in the
   program (on a mesh, in blocks whose sums are gathered in one collective: :func:`_merged`).
-  XLA:GPU's column reductions take sums shifted by one element instead (it writes a
-  variadic column reduction's operands out).
+  XLA:GPU's column reductions take plain sums shifted by two elements, each group's
+  first and last, instead (it writes a variadic column reduction's operands out).
 - XLA:CPU, one device: ``Σx ∥ Σx²`` checked, with an exact second pass when the check
-  fails (its fastest forward), shifted sums under differentiation, two passes over short
-  rows and channel groups (:class:`Variance`).
+  fails (its fastest forward), sums shifted by two elements sliced from x itself under
+  differentiation, two passes over short rows and channel groups (:class:`Variance`).
 - Masks: two passes over the valid elements. Mapped axes (``axis_name``): each device's
   sums, gathered in one collective (:func:`_combine_devices`).
 
