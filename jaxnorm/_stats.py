@@ -382,8 +382,11 @@ def _two_passes(raw, axes, groups, dtype):
 
 
 def _textbook_jvp(primal):
-  """The rule ``μ̇ = mean(ẋ)``, ``σ̇² = 2·mean((x − μ)·ẋ)`` with ``primal`` computing the
-  statistics (itself differentiable: higher orders work)."""
+  """The rule ``μ̇ = mean(ẋ)``, ``σ̇² = 2·(mean(x·ẋ) − μ·μ̇)`` with ``primal`` computing the
+  statistics (itself differentiable: higher orders work). Plain sums, as Flax's
+  derivative, XLA:CPU's kernel's on one device and Flax's kernel count on TPUs and GPUs
+  (``Σ(x − μ)·ẋ`` took one more small kernel in every forward+backward, RESULTS item 51);
+  the gradient at 1e4 ± 1 is 9.5e-5 of its largest entry off, the CPU kernel's 1.3e-4."""
 
   def rule(axes, groups, dtype, primals, tangents):
     (raw,), (draw,) = primals, tangents
@@ -391,7 +394,7 @@ def _textbook_jvp(primal):
     x, dx = raw.astype(dtype), draw.astype(dtype)
     n = elements_per_group(x.shape, axes, groups)
     dmean = group_sum(dx, axes, groups) / n
-    return (mean, var), (dmean, 2.0 * group_sum((x - mean) * dx, axes, groups) / n)
+    return (mean, var), (dmean, 2.0 * (group_sum(x * dx, axes, groups) / n - mean * dmean))
 
   return rule
 
