@@ -505,8 +505,8 @@ def _gather(value, axis_name, axis_index_groups):
   return lax.psum(slots.at[group, position].set(value), axis_name)[group]
 
 
-# Up to this many members, one gather of every member's (n, μ, M2); beyond, two psums. A
-# gather is a collective of (members × 3 × features): fine across devices, quadratic under
+# Up to this many members, one gather of every member's (n, a, s₁, s₂); beyond, two psums.
+# A gather is a collective of (members × 4 × features): fine across devices, quadratic under
 # vmap over a batch (each example a member: 5.8x Equinox's time at 256 examples).
 _GATHER_MEMBERS = 16
 
