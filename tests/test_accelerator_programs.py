@@ -284,9 +284,9 @@ _SMALL_GROUPS = pytest.mark.xfail(
 def test_tpu_programs_cost_what_flax_costs(kind, shape, dtype):
   """Compiled for a TPU v5e (``benchmarks/accelerator_programs.py``'s programs and counts):
   jaxnorm's forward and forward+backward move no more bytes than Flax's default
-  (approximate) program and launch no more kernels than Flax's ``use_fast_variance=False``
-  program (exact statistics) or its default one, plus one (the merged reduction's
-  combine, where XLA:TPU splits it off: RESULTS item 47)."""
+  (approximate) program and launch no more kernels than Flax's default program or its
+  ``use_fast_variance=False`` one (exact statistics); the tangent in Σ(x − μ)·ẋ took one
+  small kernel more (RESULTS item 51)."""
   devices = _tpu_devices()
   mesh = Mesh(np.array(devices[:1]), ("d",))
   compiled, nbytes = programs.programs(kind, shape, dtype, NamedSharding(mesh, P()))
@@ -297,7 +297,7 @@ def test_tpu_programs_cost_what_flax_costs(kind, shape, dtype):
       compiled.get(("flax2", program), compiled[("flax", program)]), nbytes, "tpu"
     )[0]
     assert b <= 1.005 * bf, (program, b / bf)
-    assert k <= max(k2, kf + 1), (program, k, kf, k2)
+    assert k <= max(k2, kf), (program, k, kf, k2)
 
 
 @pytest.mark.parametrize("name,make,shape,spec", LAYOUTS, ids=[c[0] for c in LAYOUTS])
