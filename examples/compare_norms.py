@@ -73,6 +73,12 @@ def run_transformer(steps: int, seeds: int = 1) -> dict:
   return out
 
 
+def spread(values) -> str:
+  """``mean ± std (smallest–largest)`` of one setting's figures over the seeds."""
+  a = np.asarray(values)
+  return f"{a.mean():.3f} ± {a.std():.3f} ({a.min():.3f}–{a.max():.3f})"
+
+
 def _fastest(tf, name):
   """The fastest training of one configuration, in seconds: on a shared machine the
   other runs' times include other work."""
@@ -162,8 +168,7 @@ def write_report(out_dir: str, cnn: dict, tf: dict, args, seconds: float) -> Non
   for norm, by_batch in cnn.items():
     cells = []
     for b in BATCH_SIZES:
-      a = np.array([x[0] for x in by_batch[b]])
-      cells.append(f"{a.mean():.3f} ± {a.std():.3f} ({a.min():.3f}–{a.max():.3f})")
+      cells.append(spread([x[0] for x in by_batch[b]]))
     lines.append(f"| {norm} | " + " | ".join(cells) + " |")
   lines += [
     "",
@@ -177,9 +182,8 @@ def write_report(out_dir: str, cnn: dict, tf: dict, args, seconds: float) -> Non
     norm, place = name.split("-")
     first, final = np.array([r["initial_loss"] for r in runs]), _final(tf, name)
     lines.append(
-      f"| {norm} | {place}-LN | {first.mean():.3f} | {final.mean():.3f} ± {final.std():.3f} "
-      f"({final.min():.3f}–{final.max():.3f}) | {(final / first).mean():.3f} | "
-      f"{_fastest(tf, name):.1f} |"
+      f"| {norm} | {place}-LN | {first.mean():.3f} | {spread(final)} | "
+      f"{(final / first).mean():.3f} | {_fastest(tf, name):.1f} |"
     )
   lines += ["", "![plots](norm_comparison.png)", "", "## Reading", "", *reading(cnn, tf), ""]
   lines += [

@@ -40,7 +40,7 @@ import optax
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import mini_cnn  # noqa: E402
-from compare_norms import quietly  # noqa: E402
+from compare_norms import quietly, spread  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 BATCHES = (1, 2, 4, 128)
@@ -114,12 +114,6 @@ def fine_tune(seeds: int, pre_epochs: int, batch: int = 2, lr: float = 1e-3) -> 
 def _ms(values):
   a = np.asarray(values)
   return a.mean(), a.std()
-
-
-def _cell(values):
-  """``mean ± std (min–max)`` of one setting's accuracies over the seeds."""
-  a = np.asarray(values)
-  return f"{a.mean():.3f} ± {a.std():.3f} ({a.min():.3f}–{a.max():.3f})"
 
 
 def _cmp(a, b):
@@ -196,7 +190,7 @@ def write_report(out_dir, acc, ft, args, seconds):
     for norm, by_batch in acc[order].items():
       cells = []
       for b in BATCHES:
-        cells.append("—" if b not in by_batch else _cell(by_batch[b]))
+        cells.append("—" if b not in by_batch else spread(by_batch[b]))
       lines.append(f"| {norm} | " + " | ".join(cells) + " |")
     lines.append("")
   lines += [
@@ -205,11 +199,11 @@ def write_report(out_dir, acc, ft, args, seconds):
     "",
     "| | test accuracy |",
     "|---|---|",
-    f"| pretrained, on digits 0–4 | {_cell(ft['pretrained'])} |",
+    f"| pretrained, on digits 0–4 | {spread(ft['pretrained'])} |",
   ]
   for order in ORDERS:
     for norm, name in (("batch", "BatchNorm training"), ("frozen", "FrozenBatchNorm")):
-      lines.append(f"| {name}, {order}, on digits 5–9 | {_cell(ft[f'{norm}/{order}'])} |")
+      lines.append(f"| {name}, {order}, on digits 5–9 | {spread(ft[f'{norm}/{order}'])} |")
   lines += ["", "![plots](small_batch.png)", "", "## Reading", "", *reading(acc, ft), ""]
   with open(os.path.join(out_dir, "small_batch.md"), "w") as f:
     f.write("\n".join(lines))
@@ -252,8 +246,7 @@ def main(argv=None):
   if args.report:  # (the figures of a run, without training again)
     with open(args.report) as f:
       run = json.load(f)
-    args.seeds, args.epochs = len(run["fine_tuning"]["pretrained"]), run["args"]["epochs"]
-    args.pre_epochs = run["args"]["pre_epochs"]
+    vars(args).update({k: v for k, v in run["args"].items() if k not in ("out", "report")})
     acc = {
       o: {n: {int(b): v for b, v in by.items()} for n, by in g.items()}
       for o, g in run["accuracy"].items()
