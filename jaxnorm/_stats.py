@@ -439,7 +439,7 @@ def converted_apart(raw, dtype):
   return x, neg, -1.0
 
 
-def _checked_moments(raw, dtype, axes, inv_n, groups=None):
+def _checked_moments(raw, dtype, axes, inv_n):
   """Mean and centred variance, from one parallel pass of ``Σx`` and ``Σx²`` when that is
   exact enough, else from a second, corrected pass over ``x − mean``.
 
@@ -451,8 +451,8 @@ def _checked_moments(raw, dtype, axes, inv_n, groups=None):
   ``dtype``, the fallback's operand (``benchmarks/RESULTS.md``, item 4).
   """
   x, other, _ = converted_apart(raw, dtype)
-  mean = group_sum(x, axes, groups) * inv_n
-  fast = jnp.maximum(group_sum(other * other, axes, groups) * inv_n - mean * mean, 0)
+  mean = group_sum(x, axes) * inv_n
+  fast = jnp.maximum(group_sum(other * other, axes) * inv_n - mean * mean, 0)
   limit = 2e-6 / float(jnp.finfo(dtype).eps)
   # One small reduction (``initial`` covers inputs with no group at all).
   well_conditioned = jnp.max(mean * mean - limit * fast, initial=-jnp.inf) <= 0
@@ -461,8 +461,8 @@ def _checked_moments(raw, dtype, axes, inv_n, groups=None):
     raw, mean, _ = operands
     x, other, sign = converted_apart(raw, dtype)
     d, other_d = x - mean, other - sign * mean  # other_d = ±d
-    shift = group_sum(d, axes, groups) * inv_n
-    var = jnp.maximum(group_sum(other_d * other_d, axes, groups) * inv_n - shift * shift, 0)
+    shift = group_sum(d, axes) * inv_n
+    var = jnp.maximum(group_sum(other_d * other_d, axes) * inv_n - shift * shift, 0)
     return mean + shift, var
 
   def one_pass(operands):
