@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxnorm import _stats
 from jaxnorm._config import Config
 from jaxnorm._dtypes import count_dtype, promote, real_dtype
 from jaxnorm._stats import Moments, elements_per_group, group_sum, merged_moments, sharded_axes
@@ -39,10 +40,12 @@ def applies(x: jax.Array, scale: Any, bias: Any, mask: Any, cfg: Config) -> bool
 
 
 def affine_normalize(
-  x: jax.Array, scale: Any, bias: Any, epsilon: jax.Array, cfg: Config
+  x: jax.Array, scale: Any, bias: Any, epsilon: jax.Array, cfg: Config, about: Any = None
 ) -> tuple[jax.Array, Moments]:
   """``(y, Moments)`` as :func:`jaxnorm._kernel.affine_normalize` returns them (the
-  statistics with kept dims, a group's repeated on its channels), in Flax's form."""
+  statistics with kept dims, a group's repeated on its channels), in Flax's form; with
+  ``about`` (Add & LayerNorm's :func:`~jaxnorm._stats.rough_row_mean`), XLA:TPU's
+  statistics are the sums around it (:func:`~jaxnorm._stats.moments_about`)."""
   acc = promote(cfg.dtype, jnp.float32)
   xs = x.astype(cfg.dtype)
   groups = cfg.channel_groups
@@ -50,7 +53,16 @@ def affine_normalize(
   if cfg.center:
     # (x itself where converting it is exact: its shift is then sliced before the conversion)
     exact = jnp.issubdtype(x.dtype, jnp.floating) and promote(x.dtype, cfg.dtype) == cfg.dtype
-    mean, var = merged_moments(x if exact else xs, cfg.axes, groups, acc)
+    raw = x if exact else xs
+    if about is None:
+      mean, var = merged_moments(raw, cfg.axes, groups, acc)
+    else:
+      mean, var = _stats.on_tpu(  # (the module's: the tests patch it)
+        raw,
+        about,
+        tpu=lambda r, a: _stats.moments_about(r, a, cfg.axes, groups, acc),
+        default=lambda r, a: merged_moments(r, cfg.axes, groups, acc),
+      )
   else:
     wide = xs.astype(acc)
     mean, var = jnp.zeros((), acc), group_sum(wide * wide, cfg.axes, groups) / n

@@ -351,6 +351,7 @@ def affine_normalize(
   *,
   epsilon: Any,
   mask: jax.Array | None = None,
+  about: jax.Array | None = None,
 ) -> tuple[jax.Array, Moments]:
   """Normalizes ``x`` over ``cfg.axes`` with its own statistics and applies ``γ, β``.
 
@@ -365,6 +366,8 @@ def affine_normalize(
       ``epsilon_in_root=False``, to the standard deviation); traced values work.
     mask: optional boolean mask broadcastable to ``x``; statistics use its True positions,
       every position is normalized, and groups without a valid element give ``x̂ = 0``.
+    about: optional rough mean of each group (:func:`~jaxnorm._stats.rough_row_mean`, Add &
+      LayerNorm), around which XLA:TPU sums; the statistics do not depend on it.
 
   Returns:
     ``(y, Moments)`` with ``y`` in ``cfg.out_dtype`` and the moments' reduced dimensions
@@ -377,7 +380,7 @@ def affine_normalize(
     jnp.iscomplexobj(a) for a in (x, scale, bias)
   ):
     return _compiled_complex_normalize(x, scale, bias, mask, eps, cfg)
-  return _compiled_affine_normalize(x, scale, bias, mask, eps, cfg)
+  return _compiled_affine_normalize(x, scale, bias, mask, eps, cfg, about)
 
 
 def _complex_normalize(x, scale, bias, mask, epsilon, cfg):
@@ -396,17 +399,17 @@ def _shaped_params(normalize):
   shaped=False)``), reshaped to broadcast inside the compiled program; parameters of
   ``x``'s rank (shaped, or per sample) pass as they are."""
 
-  def call(x, scale, bias, mask, epsilon, cfg):
+  def call(x, scale, bias, mask, epsilon, cfg, *about):
     scale, bias = (
       p if p is None or p.ndim == x.ndim else p.reshape(broadcast_shape(x.shape, cfg.features))
       for p in (scale, bias)
     )
-    return normalize(x, scale, bias, mask, epsilon, cfg)
+    return normalize(x, scale, bias, mask, epsilon, cfg, *about)
 
   return call
 
 
-def _by_platform(x, scale, bias, mask, epsilon, cfg):
+def _by_platform(x, scale, bias, mask, epsilon, cfg, about=None):
   """XLA:CPU's tuned kernel on one device; Flax's program with exact statistics
   (:mod:`jaxnorm._accel`), where it applies, on a mesh and on every other platform."""
   if not _accel.applies(x, scale, bias, mask, cfg):
@@ -419,7 +422,7 @@ def _by_platform(x, scale, bias, mask, epsilon, cfg):
     bias,
     epsilon,
     cpu=lambda x, s, b, e: _affine_normalize(x, s, b, None, e, cfg),
-    default=lambda x, s, b, e: _accel.affine_normalize(x, s, b, e, cfg),
+    default=lambda x, s, b, e: _accel.affine_normalize(x, s, b, e, cfg, about),
   )
 
 

@@ -31,7 +31,7 @@ from jaxnorm._config import Config, configure, options
 from jaxnorm._dtypes import output_dtype, promote
 from jaxnorm._kernel import affine_normalize, affine_params
 from jaxnorm._rows import check_implementation, kernel_misfit, normalize_rows, use_kernels
-from jaxnorm._stats import Moments, broadcast_mask, group_moments
+from jaxnorm._stats import Moments, broadcast_mask, group_moments, rough_row_mean
 
 
 def zero_centered_init(init: Any) -> Any:
@@ -127,10 +127,11 @@ def _norm(
   epsilon: Any,
   mask: Any,
   zero_centered_scale: bool = False,
+  about: Any = None,
 ) -> tuple[jax.Array, Moments]:
   """The body of every per-sample norm: the parameters checked and shaped, then the kernel."""
   gamma, beta = _affine_params(scale, bias, x.shape, cfg, zero_centered_scale, shaped=False)
-  return affine_normalize(x, gamma, beta, cfg, epsilon=epsilon, mask=mask)
+  return affine_normalize(x, gamma, beta, cfg, epsilon=epsilon, mask=mask, about=about)
 
 
 def _affine_params(
@@ -376,7 +377,10 @@ def _trailing_norm(
   if residual is None:
     return _norm(x, scale, bias, cfg, epsilon, mask, zero_centered_scale)[0], None
   h = residual_sum(x, residual, h_dtype)
-  return _norm(h, scale, bias, cfg, epsilon, mask, zero_centered_scale)[0], h
+  about = None
+  if cfg.center and mask is None and not jnp.issubdtype(h.dtype, jnp.complexfloating):
+    about = rough_row_mean(x, jnp.asarray(residual), cfg.axes, promote(cfg.dtype, jnp.float32))
+  return _norm(h, scale, bias, cfg, epsilon, mask, zero_centered_scale, about)[0], h
 
 
 def residual_sum(x: Any, residual: Any, residual_dtype: Any = None) -> jax.Array:

@@ -7,14 +7,16 @@ complex inputs get a complex mean and the real variance ``E|x − μ|²``; a gro
 valid element (a mask, or a size-0 axis) has mean 0, variance 0 and count 0 instead of
 NaN; cross-device statistics are weighted by each device's valid count.
 
-The engine (``benchmarks/RESULTS.md``, items 38-39 and 47 give the figures):
+The engine (``benchmarks/RESULTS.md``, items 38-39, 47 and 52 give the figures):
 
 - TPUs, GPUs, and any array on a mesh: one reduction of ``(1, x, 0, 0)`` whose combiner
   merges groups' sums shifted by their first elements (:func:`merged_moments`): one read
   of x, as Flax's ``Σx ∥ Σx²``, exact, partitioned by GSPMD with nothing custom in the
   program (on a mesh, in blocks whose sums are gathered in one collective: :func:`_merged`).
   XLA:GPU's column reductions take plain sums shifted by two elements, each group's
-  first and last, instead (it writes a variadic column reduction's operands out).
+  first and last, instead (it writes a variadic column reduction's operands out), and
+  XLA:TPU's Add & LayerNorm plain sums around the mean of each row's first 128 elements
+  (:func:`moments_about`: the residual add then fuses with them, as with Flax's sums).
 - XLA:CPU, one device: ``Σx ∥ Σx²`` checked, with an exact second pass when the check
   fails (its fastest forward), sums shifted by two elements sliced from x itself under
   differentiation, two passes over short rows and channel groups (:class:`Variance`).
@@ -231,6 +233,12 @@ def on_platform(*args: Any, cpu: Any, default: Any) -> Any:
   return lax.platform_dependent(*args, cpu=cpu, default=default)
 
 
+def on_tpu(*args: Any, tpu: Any, default: Any) -> Any:
+  """``lax.platform_dependent``: ``tpu(*args)`` in programs lowered for TPUs, ``default``
+  elsewhere (the tests' seam for XLA:TPU's branch, as :func:`on_platform`)."""
+  return lax.platform_dependent(*args, tpu=tpu, default=default)
+
+
 def on_mesh(x: Any) -> bool:
   """Whether ``x``'s type places it on a mesh that GSPMD may split (an axis of more than
   one device that is not manual): its reductions may then cross devices."""
@@ -389,8 +397,8 @@ def _textbook_jvp(primal):
   the gradient at 1e4 ± 1 is 9.5e-5 of its largest entry off, the CPU kernel's 1.3e-4."""
 
   def rule(axes, groups, dtype, primals, tangents):
-    (raw,), (draw,) = primals, tangents
-    mean, var = primal(raw, axes, groups, dtype)
+    (raw, *_), (draw, *_) = primals, tangents  # (a shift's tangent changes nothing)
+    mean, var = primal(*primals, axes, groups, dtype)
     x, dx = raw.astype(dtype), draw.astype(dtype)
     n = elements_per_group(x.shape, axes, groups)
     dmean = group_sum(dx, axes, groups) / n
@@ -418,6 +426,35 @@ def merged_moments(raw: jax.Array, axes: tuple[int, ...], groups: Any, dtype: An
 
 
 merged_moments.defjvp(_textbook_jvp(_under_differentiation))
+
+ROUGH_SPAN = 128  # (XLA:TPU's lanes: a slice of whole lane tiles is read without a relayout)
+
+
+def rough_row_mean(x: jax.Array, residual: jax.Array, axes: tuple[int, ...], dtype: Any) -> Any:
+  """The mean of the first :data:`ROUGH_SPAN` elements of each row of ``x + residual``,
+  from slices of the two (so XLA:TPU still fuses the add with the sums around it: RESULTS
+  item 52), for :func:`moments_about`; None where rows are not the last axis alone, are
+  shorter than 4 spans (the slices would read more than they save), or lie on a mesh."""
+  if axes != (x.ndim - 1,) or x.shape[-1] < 4 * ROUGH_SPAN or on_mesh(x) or on_mesh(residual):
+    return None
+  head = x[..., :ROUGH_SPAN].astype(dtype) + residual[..., :ROUGH_SPAN].astype(dtype)
+  # (scaled inside the sum, by a power of two: exact, and no kernel of its own for ÷ m)
+  return lax.stop_gradient(jnp.sum(head * (1.0 / ROUGH_SPAN), -1, keepdims=True))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
+def moments_about(raw: jax.Array, about: jax.Array, axes: Any, groups: Any, dtype: Any) -> Any:
+  """``(mean, var)`` over ``axes`` from the plain sums ``Σ(x − a)``, ``Σ(x − a)²`` around
+  ``about``, :func:`rough_row_mean`: XLA:TPU fuses these with the residual add that makes
+  ``x`` (Add & LayerNorm at Flax's bytes), where it does not fuse the add into
+  :func:`merged_moments`' reduction. The mean of ``m`` of a row's ``n`` elements lies
+  within ``σ·sqrt(n/m − 1)`` of the row's mean, so the cancellation is at most ``n/m``
+  (32 at 4,096 wide), whatever the offset. The textbook derivative, as the merged sums'."""
+  x, a = raw.astype(dtype), about.astype(dtype)
+  return _moments_of(_shifted_parts(x, axes, groups, (a, a)), groups)
+
+
+moments_about.defjvp(_textbook_jvp(moments_about))
 
 
 def converted_apart(raw, dtype):

@@ -126,6 +126,63 @@ def test_accelerator_branch_second_order_and_strict_promotion(norm, rng, monkeyp
   assert np.abs(expected).max() > 0.1  # (a non-trivial second derivative)
 
 
+@pytest.fixture
+def tpu_branch(monkeypatch):
+  """Programs lowered for XLA:CPU take the branch they take on TPUs."""
+  monkeypatch.setattr(jaxnorm._stats, "on_platform", lambda *a, cpu, default: default(*a))
+  monkeypatch.setattr(jaxnorm._stats, "on_tpu", lambda *a, tpu, default: tpu(*a))
+  jax.clear_caches()
+  yield
+  jax.clear_caches()
+
+
+@pytest.mark.parametrize("data", ["off_centre", "skewed_head"])
+def test_tpu_add_layer_norm_statistics_exact(data, rng, tpu_branch):
+  """Add & LayerNorm on XLA:TPU's branch: plain sums around the mean of each row's first
+  128 elements (``rough_row_mean``, from x and the residual). At 1e4 ± 1, where Flax's
+  E[h²] − E[h]² is off by order 1, and on rows whose first 128 elements sit 6 above the
+  rest (the shift 1.5 standard deviations off the mean, near its bound sqrt(512/128 − 1)):
+  the output and h as the float64 reference's within float32's rounding of h − μ."""
+  x = rng.normal(0.0, 1.0, (8, 512)).astype(np.float32)
+  residual = rng.normal(1e4, 1.0, (8, 512)).astype(np.float32)
+  if data == "skewed_head":
+    residual[:, :128] += 6.0
+  y, h = jax.jit(jaxnorm.add_layer_norm)(x, residual)
+  h_ref = x.astype(np.float64) + residual
+  np.testing.assert_allclose(h, h_ref, rtol=1e-7)
+  # (the reference from h as the program rounds it: float32 at 1e4 is 1e-3 apart)
+  np.testing.assert_allclose(y, ref.layer_norm(np.asarray(h)), atol=2e-3)
+  about = jaxnorm._stats.rough_row_mean(x, residual, (1,), jnp.float32)
+  mean, var = jaxnorm._stats.moments_about(h, about, (1,), None, jnp.float32)
+  np.testing.assert_allclose(mean[:, 0], np.asarray(h, np.float64).mean(1), rtol=1e-7)
+  np.testing.assert_allclose(var[:, 0], np.asarray(h, np.float64).var(1), rtol=2e-5)
+  fast = np.mean(np.square(h), 1) - np.square(np.mean(h, 1))  # (what the shift prevents)
+  assert np.abs(fast - np.asarray(h, np.float64).var(1)).max() > 0.1
+
+
+def test_tpu_add_layer_norm_derivatives(rng, tpu_branch):
+  """The gradient (into x and the residual, with h's cotangent) and the Hessian of Add &
+  LayerNorm on XLA:TPU's branch equal XLA:CPU's kernel's."""
+  x = rng.normal(3.0, 2.0, (2, 512)).astype(np.float32)
+  residual = rng.normal(-1.0, 1.0, (2, 512)).astype(np.float32)
+
+  def loss(x, residual):
+    y, h = jaxnorm.add_layer_norm(x, residual)
+    return jnp.sum(jnp.sin(y)) + jnp.sum(jnp.cos(h))
+
+  def both():
+    return jax.jit(jax.grad(loss, (0, 1)))(x, residual), jax.jit(jax.hessian(loss))(x, residual)
+
+  got = both()
+  with pytest.MonkeyPatch.context() as cpu:
+    cpu.setattr(jaxnorm._stats, "on_platform", lambda *a, cpu, default: cpu(*a))
+    jax.clear_caches()
+    expected = both()
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
+  assert np.abs(expected[1]).max() > 0.1  # (a non-trivial second derivative)
+
+
 @pytest.mark.parametrize("per_outer", [False, True], ids=["one_device", "mesh"])
 @pytest.mark.parametrize("groups", [None, (3, 4)], ids=["channels", "groups"])
 def test_gpu_column_statistics_exact_far_off_centre(rng, groups, per_outer):
@@ -268,6 +325,7 @@ TPU_NORMS = [  # (bench_norms kind, shape): bench_norms._module's BatchNorm, Lay
   ("rms", (8, 256, 768)),
   ("group", (8, 16, 16, 256)),
   ("instance", (8, 16, 16, 128)),
+  ("add_layer", (8, 256, 768)),  # (Add & LayerNorm: its statistics around a rough mean)
 ]
 _SMALL_GROUPS = pytest.mark.xfail(
   strict=True,
@@ -286,7 +344,9 @@ def test_tpu_programs_cost_what_flax_costs(kind, shape, dtype):
   jaxnorm's forward and forward+backward move no more bytes than Flax's default
   (approximate) program and launch no more kernels than Flax's default program or its
   ``use_fast_variance=False`` one (exact statistics); the tangent in Σ(x − μ)·ẋ took one
-  small kernel more (RESULTS item 51)."""
+  small kernel more (RESULTS item 51). Add & LayerNorm's forward may read x once more
+  (the point's allowance for exact statistics: its rough mean's slices, 1.03× at 768 wide);
+  forward+backward it too is within Flax's bytes (it read h once more, 1.03×, item 52)."""
   devices = _tpu_devices()
   mesh = Mesh(np.array(devices[:1]), ("d",))
   compiled, nbytes = programs.programs(kind, shape, dtype, NamedSharding(mesh, P()))
@@ -296,7 +356,8 @@ def test_tpu_programs_cost_what_flax_costs(kind, shape, dtype):
     k2 = programs.measure(
       compiled.get(("flax2", program), compiled[("flax", program)]), nbytes, "tpu"
     )[0]
-    assert b <= 1.005 * bf, (program, b / bf)
+    allowance = 1.0 if kind == "add_layer" and program == "forward" else 0.0
+    assert b <= 1.005 * bf + allowance, (program, b / bf)
     assert k <= max(k2, kf), (program, k, kf, k2)
 
 
