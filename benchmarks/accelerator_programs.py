@@ -178,8 +178,10 @@ def table(mesh: Mesh, platform: str, dtypes=("bfloat16", "float32")):
 
 
 def modern(mesh: Mesh, platform: str):
-  """The adaptive norms and DyT (jaxnorm against the hand-written ``jnp`` form,
-  :mod:`bench_modern`) and Batch Renorm's training step (against Flax's BatchNorm's)."""
+  """The adaptive norms and DyT (jaxnorm against Flax's LayerNorm or RMSNorm, then the
+  modulation, and the hand-written two-pass ``jnp`` form, :mod:`bench_modern`) and Batch
+  Renorm's training step (against Flax's BatchNorm's); ** flags a program above the first
+  form after jaxnorm's (Flax's where there is one)."""
   import bench_modern  # noqa: PLC0415
 
   print(
@@ -215,7 +217,7 @@ def modern(mesh: Mesh, platform: str):
       else:
         params = abstract(bench_modern.params_for(kind, shape, rng))
         written = bench_modern.forms(kind)
-        forms = {n: (written[n], params) for n in ("jaxnorm", "jnp")}
+        forms = {n: (written[n], params) for n in ("jaxnorm", "flax", "jnp") if n in written}
       cells = []
       for pass_ in ("forward", "fwd+bwd"):
         got = []
@@ -295,8 +297,9 @@ def main():
     return sharded(mesh2)
   mesh = tpu_mesh(args.topology) if args.platform == "tpu" else gpu_mesh()
   if args.modern:
-    print(f"# {mesh.devices.flat[0].device_kind}: modern norms, jaxnorm / jnp form ({versions})\n")
-    print("Batch Renorm's training step against Flax's BatchNorm's.\n")
+    print(f"# {mesh.devices.flat[0].device_kind}: modern norms ({versions})\n")
+    print("jaxnorm / Flax's norm, then the modulation / the hand-written two-pass form; DyT")
+    print("jaxnorm / its jnp form; Batch Renorm's training step against Flax's BatchNorm's.\n")
     return modern(mesh, args.platform)
   print(f"# {mesh.devices.flat[0].device_kind}: jaxnorm / Flax / Flax two-pass ({versions})\n")
   print("Kernels: top-level operations other than bookkeeping; bytes over |x|.\n")

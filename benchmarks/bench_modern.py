@@ -56,6 +56,7 @@ def _modulated(xhat, shift, scale, dtype):
 
 
 _FLAX_LN = nn.LayerNorm(use_scale=False, use_bias=False, epsilon=EPS, dtype=jnp.float32)
+_FLAX_RMS = nn.RMSNorm(use_scale=False, epsilon=EPS, dtype=jnp.float32)
 
 
 def forms(kind):
@@ -76,6 +77,7 @@ def forms(kind):
     }
   return {
     "jnp": lambda p, x, _: _modulated(_rms_jnp(x), p["shift"], p["scale"], x.dtype),
+    "flax": lambda p, x, _: _modulated(_FLAX_RMS.apply({}, x), p["shift"], p["scale"], x.dtype),
     "jaxnorm": lambda p, x, _: jaxnorm.adaptive_rms_norm(
       x, p["shift"], p["scale"], epsilon=EPS, dtype=x.dtype
     ),

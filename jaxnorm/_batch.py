@@ -337,12 +337,13 @@ def _check_virtual_batch_size(virtual_batch_size: Any, batch: int, where: str) -
   return k
 
 
-def _renorm(r_max: Any, d_max: Any) -> Training:
+def _renorm(limits: Any) -> Training:
   """Batch Renormalization's training normalization: with the batch statistics ``μ_B``,
   ``σ_B = sqrt(var_B + ε)`` and the running ``μ``, ``σ = sqrt(var + ε)``,
   ``y = γ·((x − μ_B)/σ_B·r + d) + β`` with ``r = sg(clip(σ_B/σ, 1/r_max, r_max))`` and
   ``d = sg(clip((μ_B − μ)/σ, −d_max, d_max))`` (a feature with no valid element gets
-  ``r = 1``, ``d = 0``)."""
+  ``r = 1``, ``d = 0``); ``limits(var)`` gives ``(r_max, d_max)`` (an array of the running
+  variance's shape: the schedule's arithmetic on it)."""
 
   def train(x, scale, bias, running, cfg, epsilon, mask):
     if any(jnp.iscomplexobj(a) for a in (x, scale, bias, running[0])):
@@ -357,6 +358,7 @@ def _renorm(r_max: Any, d_max: Any) -> Training:
     )
     sigma = jnp.sqrt(var + epsilon)
     valid = stats.count > 0
+    r_max, d_max = limits(var)
     r = jnp.clip(jnp.sqrt(stats.var + epsilon) / sigma, 1.0 / r_max, r_max)
     d = jnp.clip((stats.mean - mean) / sigma, -d_max, d_max)
     r = lax.stop_gradient(jnp.where(valid, r, 1.0).astype(cfg.dtype))
@@ -746,7 +748,8 @@ def batch_renorm(
     x = jnp.asarray(x)
     opts = options(dtype, force_float32_reductions, axis_name, axis_index_groups)
     cfg = batch_config(x, axis, reduction_axes, scale, bias, **opts)
-    y, stats, _ = _renorm(r_max, d_max)(x, scale, bias, (mean, var), cfg, epsilon, mask)
+    train = _renorm(lambda _: (r_max, d_max))
+    y, stats, _ = train(x, scale, bias, (mean, var), cfg, epsilon, mask)
     return y, stats
 
 
@@ -760,8 +763,17 @@ def renorm_schedule(module: Any) -> dict[str, Any]:
 
 def renorm_training(steps: Any, **schedule: Any) -> Training:
   """Batch Renorm's training normalization at the limits :func:`renorm_limits` gives at
-  ``steps`` (``schedule``: its keywords)."""
-  return _renorm(*renorm_limits(steps, **schedule))
+  ``steps`` (``schedule``: all five of its keywords)."""
+  check_renorm_schedule(**schedule)  # (now, not when the limits are traced)
+
+  def limits(var):
+    # (the step on the running variance's shape, 0·var being 0 for a finite var: the
+    # schedule then runs in the small arrays' kernel, not as XLA:TPU's scalar
+    # instructions: 6 kernels forward against 11, RESULTS item 53)
+    step = jnp.asarray(steps, jnp.float32) + 0.0 * var.astype(jnp.float32)
+    return renorm_limits(step, **schedule)
+
+  return _renorm(limits)
 
 
 # batch_norm_step's keywords that Batch Renorm's step takes too.

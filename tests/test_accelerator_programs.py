@@ -361,6 +361,44 @@ def test_tpu_programs_cost_what_flax_costs(kind, shape, dtype):
     assert k <= max(k2, kf), (program, k, kf, k2)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_tpu_batch_renorm_costs_batch_norm_and_its_step_counter(dtype):
+  """Batch Renorm's training step compiled for a TPU v5e, against Flax's BatchNorm's (it
+  has no Batch Renorm): Flax's bytes forward and forward+backward, and forward at most
+  the step counter's three scalar instructions more (its copy to the scalar unit, its
+  conversion, its increment). Its schedule's arithmetic on the scalar took five more (11
+  kernels against 3, RESULTS item 53)."""
+  devices = _tpu_devices()
+  replicated = NamedSharding(Mesh(np.array(devices[:1]), ("d",)), P())
+  dt = jnp.dtype(dtype)
+  x = jax.ShapeDtypeStruct((32, 16, 16, 64), dt, sharding=replicated)
+  got = {}
+  for name, module in (
+    ("jaxnorm", jaxnorm.BatchRenorm(use_running_average=False, dtype=dt)),
+    ("flax", nn.BatchNorm(use_running_average=False, dtype=dt)),
+  ):
+    variables = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated),
+      jax.eval_shape(module.init, jax.random.key(0), x),
+    )
+
+    def forward(variables, x, m=module):
+      return m.apply(variables, x, mutable=["batch_stats"])[0]
+
+    def fwd_bwd(variables, x, m=module):
+      return jax.vjp(lambda v, x: forward(v, x, m), variables, x)[1](x)
+
+    nbytes = x.size * dt.itemsize
+    got[name] = [
+      programs.measure(jax.jit(f).lower(variables, x).compile(), nbytes, "tpu")
+      for f in (forward, fwd_bwd)
+    ]
+  (k, b), (_, b2) = got["jaxnorm"]
+  (kf, bf), (_, bf2) = got["flax"]
+  assert b <= 1.005 * bf and b2 <= 1.005 * bf2, (b / bf, b2 / bf2)
+  assert k <= kf + 3, (k, kf)
+
+
 @pytest.mark.parametrize("name,make,shape,spec", LAYOUTS, ids=[c[0] for c in LAYOUTS])
 def test_tpu_sharded_programs_compile_ahead_of_time(name, make, shape, spec):
   """Each layout's forward and forward+backward compiled for a 4-chip TPU v5e slice
