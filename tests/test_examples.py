@@ -240,6 +240,54 @@ def test_compare_norms_report_follows_its_numbers(tmp_path):
   assert (tmp_path / "b" / "norm_comparison.md").read_text() == text
 
 
+def test_seed_study_resumes_and_reports(tmp_path, monkeypatch):
+  """The seed study trains only the (configuration, seed) pairs its JSON lacks, seed by
+  seed, and its tables count on the seeds every configuration finished."""
+  import seed_study as study
+
+  trained = []
+
+  def fake(config, seed):  # (a loss that depends on both, like a training's)
+    trained.append((config["norm"], config.get("qk_norm"), seed))
+    loss = {"layer": 1.3, "rms": 1.25, "dyt": 1.45}[config["norm"]] + 0.01 * seed
+    return dict(initial_loss=4.2 + seed / 10, final_loss=loss, seconds=1.0)
+
+  monkeypatch.setitem(study.STUDIES, "qk_norm", (study.QK_CONFIGS, fake))
+  path = str(tmp_path / "qk.json")
+  study.run("qk_norm", 1, path)
+  assert len(trained) == 6 and {t[2] for t in trained} == {0}
+  study.run("qk_norm", 2, path)  # (resumes: seed 1 only)
+  assert len(trained) == 12 and {t[2] for t in trained[6:]} == {1}
+  runs = study.load(path)
+  runs.append(dict(config="--norm rms", seed=2, initial_loss=4.4, final_loss=1.0, seconds=1))
+  table = study.qk_norm_table(runs)  # (seed 2, unfinished elsewhere, is left out)
+  assert "| `mini_transformer.py` (800 steps), 2 seeds |" in table
+  assert "| `--norm rms` | 1.255 ± 0.005 (1.250–1.260) | 2 of 2 |" in table
+  assert "| `--norm dyt --qk-norm head` | 1.455 ± 0.005 (1.450–1.460) | 0 of 2 |" in table
+  assert "Seeds 0–1, from 4.2–4.3 nats/char at the start" in table
+  assert study.main(["qk_norm", "--report", "--json", path]) == study.qk_norm_table(
+    study.load(path)
+  )
+
+  dit = [dict(config="--models token --dim 80", seed=s, val_loss=0.15 + s / 100,
+              class_accuracy=0.8 - s / 10, parameters=327284, seconds=1.0,
+              classifier_accuracy_on_real=0.97) for s in range(3)]  # fmt: skip
+  assert study.dit_width_row(dit) == (
+    "| class token, `--dim 80` (3 seeds) | 327,284 | 0.150–0.170 (0.160) | 0.600–0.800 (0.700) |"
+  )
+
+
+def test_guides_quote_the_seed_studies():
+  """modern.md's QK-norm table and wider-token row are what ``seed_study.py --report``
+  prints from the committed runs."""
+  import seed_study as study
+
+  guide = open(os.path.join(os.path.dirname(__file__), "..", "docs", "guides", "modern.md")).read()
+  for name, report in study.REPORTS.items():
+    runs = study.load(os.path.join(study.STUDY_DIR, f"{name}.json"))
+    assert report(runs) in guide, name
+
+
 def test_small_batch_study_runs_a_tiny_grid(monkeypatch):
   import small_batch_study as study
 
