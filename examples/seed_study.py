@@ -12,6 +12,7 @@ finish, so a long study can stop and go on (runs already in the file are skipped
 
   python examples/seed_study.py qk_norm --seeds 20 [--json docs/studies/qk_norm.json]
   python examples/seed_study.py qk_norm --report    # the table from the JSON, no training
+  python examples/seed_study.py qk_norm --from-seed 10  # a second process on seeds 10-19
 
 Seeds run in order, every configuration of a seed before the next seed, so a study cut
 short still compares the configurations on the same seeds.
@@ -70,23 +71,28 @@ def load(path: str) -> list[dict]:
     return json.load(f)["runs"]
 
 
-def save(path: str, study: str, runs: list[dict]) -> None:
-  """Writes the records through a temporary file, so a run stopped mid-write loses none."""
-  tmp = path + ".tmp"
+def save(path: str, study: str, record: dict) -> list[dict]:
+  """Adds ``record`` to the file's records as they are now (another process may share
+  the file: ``--from-seed``) through a temporary file, so a run stopped mid-write loses
+  none; returns them."""
+  runs = [r for r in load(path) if (r["config"], r["seed"]) != (record["config"], record["seed"])]
+  runs.append(record)
+  tmp = f"{path}.{os.getpid()}.tmp"
   with open(tmp, "w") as f:
     json.dump(dict(study=study, runs=runs), f, indent=1)
   os.replace(tmp, path)
+  return runs
 
 
-def run(study: str, seeds: int, path: str) -> list[dict]:
-  """Trains every (configuration, seed) with seed < ``seeds`` not yet in ``path``."""
+def run(study: str, seeds: int, path: str, first: int = 0) -> list[dict]:
+  """Trains every (configuration, seed) with ``first <= seed < seeds`` not yet in
+  ``path``."""
   configs, train_one = STUDIES[study]
   runs = load(path)
   done = {(r["config"], r["seed"]) for r in runs}
-  todo = [(c, s) for s in range(seeds) for c in configs if (c, s) not in done]
+  todo = [(c, s) for s in range(first, seeds) for c in configs if (c, s) not in done]
   for label, seed in tqdm(todo, desc=f"{study} runs"):
-    runs.append(dict(config=label, seed=seed, **train_one(configs[label], seed)))
-    save(path, study, runs)
+    runs = save(path, study, dict(config=label, seed=seed, **train_one(configs[label], seed)))
   return runs
 
 
@@ -150,11 +156,12 @@ def main(argv=None) -> str:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("study", choices=sorted(STUDIES))
   ap.add_argument("--seeds", type=int, default=20, help="train seeds 0 .. N-1")
+  ap.add_argument("--from-seed", type=int, default=0, help="start there (a second process)")
   ap.add_argument("--json", help="the study's records (default docs/studies/<study>.json)")
   ap.add_argument("--report", action="store_true", help="print the table only, no training")
   args = ap.parse_args(argv)
   path = args.json or os.path.join(STUDY_DIR, f"{args.study}.json")
-  runs = load(path) if args.report else run(args.study, args.seeds, path)
+  runs = load(path) if args.report else run(args.study, args.seeds, path, args.from_seed)
   if not runs:
     raise SystemExit(f"{path} has no runs yet: run the study without --report first")
   report = REPORTS[args.study](runs)

@@ -256,11 +256,13 @@ def test_seed_study_resumes_and_reports(tmp_path, monkeypatch):
   path = str(tmp_path / "qk.json")
   study.run("qk_norm", 1, path)
   assert len(trained) == 6 and {t[2] for t in trained} == {0}
+  study.run("qk_norm", 3, path, first=2)  # (a second process: seed 2)
   study.run("qk_norm", 2, path)  # (resumes: seed 1 only)
-  assert len(trained) == 12 and {t[2] for t in trained[6:]} == {1}
+  assert len(trained) == 18 and {t[2] for t in trained[6:12]} == {2}
+  assert {t[2] for t in trained[12:]} == {1} and len(study.load(path)) == 18
   runs = study.load(path)
-  runs.append(dict(config="--norm rms", seed=2, initial_loss=4.4, final_loss=1.0, seconds=1))
-  table = study.qk_norm_table(runs)  # (seed 2, unfinished elsewhere, is left out)
+  runs = [r for r in runs if r["seed"] < 2 or r["config"] == "--norm rms"]
+  table = study.qk_norm_table(runs)  # (seed 2, unfinished but for RMSNorm, is left out)
   assert "| `mini_transformer.py` (800 steps), 2 seeds |" in table
   assert "| `--norm rms` | 1.255 ± 0.005 (1.250–1.260) | 2 of 2 |" in table
   assert "| `--norm dyt --qk-norm head` | 1.455 ± 0.005 (1.450–1.460) | 0 of 2 |" in table
