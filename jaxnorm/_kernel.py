@@ -323,8 +323,9 @@ def _affine_normalize_jvp(cfg, primals, tangents):
     if jnp.size(rv * dscalev) < xv.size:  # r·γ̇ is per feature (BatchNorm, CNN layouts)
       rs = rv * dscalev  # Σẏ·x then shares the reduction of the statistics' derivative
       dyv = dyv + (xv * rs - meanv * rs if cfg.center else xv * rs)
-    else:  # (its own reads of x and of the cotangent: see converted_apart)
-      xg = xv if x.dtype == acc else -converted_apart(v(x), acc)[1]
+    else:  # (its own reads of x and of the cotangent: see converted_apart; centred, its −x
+      # by the sign bit: 38.1|x| against 40.1 bfloat16; RMSNorm shares a float32 x anyway)
+      xg = xv if x.dtype == acc else -converted_apart(v(x), acc, cfg.center)[1]
       gterm = ((xg - meanv) * rv if cfg.center else xg * rv) * dscalev
   dy = dx * (gamma * r) + dyv.reshape(x.shape)
   if dbias is not None:

@@ -457,11 +457,12 @@ def moments_about(raw: jax.Array, about: jax.Array, axes: Any, groups: Any, dtyp
 moments_about.defjvp(_textbook_jvp(moments_about))
 
 
-def converted_apart(raw, dtype):
+def converted_apart(raw, dtype, flip_bits=False):
   """``(x, −x, −1)``: ``raw`` converted to ``dtype``, as two expressions that XLA:CPU keeps
   apart; ``(x, x, 1)`` when there is nothing to convert. Each reduction then reads the
   half-precision input itself instead of a float32 copy written out for both (behind
-  optimization barriers on the CPU only: ``benchmarks/RESULTS.md``, items 20 and 21)."""
+  optimization barriers on the CPU only: ``benchmarks/RESULTS.md``, items 20 and 21).
+  ``flip_bits``: a 16-bit ``−x`` by its sign bit (:func:`_negated`, item 54)."""
   if not jnp.issubdtype(raw.dtype, jnp.floating):
     # Integers and bools: negation is not exact (uint8 −10 wraps to 246, bool has none),
     # so convert first; they are not half precision, there is nothing to keep apart.
@@ -470,10 +471,21 @@ def converted_apart(raw, dtype):
     return raw, raw, 1.0
   x, neg = lax.platform_dependent(
     raw,
-    cpu=lambda r: tuple(lax.optimization_barrier(a).astype(dtype) for a in (r, -r)),
+    cpu=lambda r: tuple(
+      lax.optimization_barrier(a).astype(dtype) for a in (r, _negated(r) if flip_bits else -r)
+    ),
     default=lambda r: (r.astype(dtype), -r.astype(dtype)),
   )
   return x, neg, -1.0
+
+
+def _negated(r):
+  """``−r``, for a 16-bit float by flipping its sign bit: XLA:CPU computes half-precision
+  arithmetic in float32, and LayerNorm's negation wrote a float32 copy of x out (item 54)."""
+  if jnp.dtype(r.dtype).itemsize != 2:
+    return -r
+  bits = lax.bitcast_convert_type(r, jnp.uint16)
+  return lax.bitcast_convert_type(bits ^ jnp.uint16(0x8000), r.dtype)
 
 
 def _checked_moments(raw, dtype, axes, inv_n):
