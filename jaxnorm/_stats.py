@@ -384,11 +384,6 @@ def elements_per_group(shape: tuple[int, ...], axes: tuple[int, ...], groups: An
   )
 
 
-def _two_passes(raw, axes, groups, dtype):
-  n = elements_per_group(raw.shape, axes, groups)
-  return _two_pass(raw.astype(dtype), axes, groups, jnp.asarray(1.0 / n, dtype))
-
-
 def _textbook_jvp(primal):
   """The rule ``μ̇ = mean(ẋ)``, ``σ̇² = 2·(mean(x·ẋ) − μ·μ̇)`` with ``primal`` computing the
   statistics (itself differentiable: higher orders work). Plain sums, as Flax's
@@ -421,7 +416,8 @@ def merged_moments(raw: jax.Array, axes: tuple[int, ...], groups: Any, dtype: An
   stats = functools.partial(_differentiated, axes=axes, groups=groups, dtype=dtype)
   if axes != (raw.ndim - 1,) or on_mesh(raw):  # (over more axes it made no one kernel)
     return stats(raw)
-  rows = functools.partial(_two_passes, axes=axes, groups=groups, dtype=dtype)
+  inv_n = 1.0 / elements_per_group(raw.shape, axes, groups)
+  rows = lambda r: _two_pass(r.astype(dtype), axes, groups, jnp.asarray(inv_n, dtype))  # noqa: E731
   return lax.platform_dependent(raw, cuda=rows, rocm=rows, default=stats)
 
 
@@ -431,10 +427,9 @@ ROUGH_SPAN = 128  # (XLA:TPU's lanes: a slice of whole lane tiles is read withou
 
 
 def rough_row_mean(x: jax.Array, residual: jax.Array, axes: tuple[int, ...], dtype: Any) -> Any:
-  """The mean of the first :data:`ROUGH_SPAN` elements of each row of ``x + residual``,
-  from slices of the two (so XLA:TPU still fuses the add with the sums around it: RESULTS
-  item 52), for :func:`moments_about`; None where rows are not the last axis alone, are
-  shorter than 4 spans (the slices would read more than they save), or lie on a mesh."""
+  """The mean of each row's first :data:`ROUGH_SPAN` elements of ``x + residual``, from
+  the two's slices (XLA:TPU still fuses the add with its sums, RESULTS item 52); None off
+  rows of the last axis, below 4 spans (the slices read more than they save), on a mesh."""
   if axes != (x.ndim - 1,) or x.shape[-1] < 4 * ROUGH_SPAN or on_mesh(x) or on_mesh(residual):
     return None
   head = x[..., :ROUGH_SPAN].astype(dtype) + residual[..., :ROUGH_SPAN].astype(dtype)
@@ -444,12 +439,10 @@ def rough_row_mean(x: jax.Array, residual: jax.Array, axes: tuple[int, ...], dty
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
 def moments_about(raw: jax.Array, about: jax.Array, axes: Any, groups: Any, dtype: Any) -> Any:
-  """``(mean, var)`` over ``axes`` from the plain sums ``Σ(x − a)``, ``Σ(x − a)²`` around
-  ``about``, :func:`rough_row_mean`: XLA:TPU fuses these with the residual add that makes
-  ``x`` (Add & LayerNorm at Flax's bytes), where it does not fuse the add into
-  :func:`merged_moments`' reduction. The mean of ``m`` of a row's ``n`` elements lies
-  within ``σ·sqrt(n/m − 1)`` of the row's mean, so the cancellation is at most ``n/m``
-  (32 at 4,096 wide), whatever the offset. The textbook derivative, as the merged sums'."""
+  """``(mean, var)`` from the plain sums ``Σ(x − a)``, ``Σ(x − a)²`` around ``about``
+  (:func:`rough_row_mean`), which XLA:TPU fuses with Add & Norm's add as it does not
+  :func:`merged_moments`' reduction. A mean of ``m`` of ``n`` elements lies within
+  ``σ·sqrt(n/m − 1)`` of theirs: cancellation ``n/m`` at most (32 at 4,096), any offset."""
   x, a = raw.astype(dtype), about.astype(dtype)
   return _moments_of(_shifted_parts(x, axes, groups, (a, a)), groups)
 
@@ -462,30 +455,25 @@ def converted_apart(raw, dtype, flip_bits=False):
   apart; ``(x, x, 1)`` when there is nothing to convert. Each reduction then reads the
   half-precision input itself instead of a float32 copy written out for both (behind
   optimization barriers on the CPU only: ``benchmarks/RESULTS.md``, items 20 and 21).
-  ``flip_bits``: a 16-bit ``−x`` by its sign bit (:func:`_negated`, item 54)."""
+  ``flip_bits``: a 16-bit ``−x`` by its sign bit (XLA:CPU computes half precision in
+  float32, and LayerNorm's ``−x`` wrote a float32 x out: item 54)."""
   if not jnp.issubdtype(raw.dtype, jnp.floating):
     # Integers and bools: negation is not exact (uint8 −10 wraps to 246, bool has none),
     # so convert first; they are not half precision, there is nothing to keep apart.
     raw = raw.astype(dtype)
   if raw.dtype == dtype:
     return raw, raw, 1.0
+
+  def apart(r):
+    neg = lax.bitcast_convert_type(r, jnp.uint16) ^ jnp.uint16(0x8000) if flip_bits else -r
+    neg = lax.bitcast_convert_type(neg, r.dtype) if neg.dtype != r.dtype else neg
+    return tuple(lax.optimization_barrier(a).astype(dtype) for a in (r, neg))
+
+  flip_bits = flip_bits and jnp.dtype(raw.dtype).itemsize == 2
   x, neg = lax.platform_dependent(
-    raw,
-    cpu=lambda r: tuple(
-      lax.optimization_barrier(a).astype(dtype) for a in (r, _negated(r) if flip_bits else -r)
-    ),
-    default=lambda r: (r.astype(dtype), -r.astype(dtype)),
+    raw, cpu=apart, default=lambda r: (r.astype(dtype), -r.astype(dtype))
   )
   return x, neg, -1.0
-
-
-def _negated(r):
-  """``−r``, for a 16-bit float by flipping its sign bit: XLA:CPU computes half-precision
-  arithmetic in float32, and LayerNorm's negation wrote a float32 copy of x out (item 54)."""
-  if jnp.dtype(r.dtype).itemsize != 2:
-    return -r
-  bits = lax.bitcast_convert_type(r, jnp.uint16)
-  return lax.bitcast_convert_type(bits ^ jnp.uint16(0x8000), r.dtype)
 
 
 def _checked_moments(raw, dtype, axes, inv_n):
