@@ -15,6 +15,8 @@ the docs' copy is regenerated with ``--out docs/studies``). About 15 minutes on 
 
   python examples/compare_norms.py [--out results/compare_norms] [--seeds 2] [--epochs 8]
       [--steps 600] [--tf-seeds 1]
+  python examples/compare_norms.py --extend docs/studies/norm_comparison.json --tf-seeds 20 \
+      --out docs/studies    # more Transformer seeds for a run, its CNN kept
 """
 
 from __future__ import annotations
@@ -59,11 +61,11 @@ def run_cnn(seeds: int, epochs: int) -> dict:
   return acc
 
 
-def run_transformer(steps: int, seeds: int = 1) -> dict:
+def run_transformer(steps: int, seeds: int = 1, first: int = 0) -> dict:
   """``{"<norm>-<pre|post>": [result per seed]}`` for LayerNorm and RMSNorm, Pre-LN and
-  Post-LN."""
+  Post-LN, seeds ``first`` to ``seeds − 1``."""
   out: dict = {}
-  configs = [(n, p, s) for p in (False, True) for n in TF_NORMS for s in range(seeds)]
+  configs = [(n, p, s) for p in (False, True) for n in TF_NORMS for s in range(first, seeds)]
   for norm, post, seed in tqdm(configs, desc="Transformer runs"):
     r = quietly(
       mini_transformer.train, norm=norm, post_ln=post, steps=steps, sample_length=0,
@@ -228,13 +230,23 @@ def main(argv=None):
   ap.add_argument("--steps", type=int, default=600)
   ap.add_argument("--tf-seeds", type=int, default=1, help="Transformer trainings per config")
   ap.add_argument("--report", metavar="JSON", help="only rewrite the report from a run's JSON")
+  ap.add_argument(
+    "--extend", metavar="JSON", help="a run's JSON with its Transformer trained up to --tf-seeds"
+  )
   args = ap.parse_args(argv)
-  if args.report:  # (the figures of a run, without training again)
-    with open(args.report) as f:
+  if args.report or args.extend:  # (the figures of a run, without training its CNN again)
+    with open(args.report or args.extend) as f:
       run = json.load(f)
-    vars(args).update({k: v for k, v in run["args"].items() if k not in ("out", "report")})
+    keep = ("out", "report", "extend") + (("tf_seeds",) if args.extend else ())
+    vars(args).update({k: v for k, v in run["args"].items() if k not in keep})
     cnn = {n: {int(b): v for b, v in by.items()} for n, by in run["cnn"].items()}
-    write_report(args.out, cnn, run["transformer"], args, run.get("seconds", float("nan")))
+    tf, seconds = run["transformer"], run.get("seconds", float("nan"))
+    if args.extend:
+      start, done = time.perf_counter(), min(len(r) for r in tf.values())
+      for name, runs in run_transformer(args.steps, args.tf_seeds, first=done).items():
+        tf[name] = tf[name][:done] + runs
+      seconds += time.perf_counter() - start
+    write_report(args.out, cnn, tf, args, seconds)
     return
   start = time.perf_counter()
   cnn = run_cnn(args.seeds, args.epochs)

@@ -240,6 +240,37 @@ def test_compare_norms_report_follows_its_numbers(tmp_path):
   assert (tmp_path / "b" / "norm_comparison.md").read_text() == text
 
 
+def test_compare_norms_extends_the_transformer_seeds(tmp_path, monkeypatch):
+  """``--extend`` trains a run's Transformer configurations from the seeds it has up to
+  ``--tf-seeds`` and keeps its CNN results."""
+  import compare_norms as study
+
+  cnn = {n: {b: [[0.9, 1.0]] for b in study.BATCH_SIZES} for n in study.CNN_NORMS}
+
+  def result(final):
+    return dict(initial_loss=4.0, final_loss=final, seconds=10.0, val_curve=[4.0, final],
+                eval_every=50)  # fmt: skip
+
+  tf = {n: [result(1.3)] for n in ("layer-pre", "rms-pre", "layer-post", "rms-post")}
+  args = argparse.Namespace(seeds=1, tf_seeds=1, epochs=8, steps=600)
+  study.write_report(str(tmp_path), cnn, tf, args, 60.0)
+  asked = []
+
+  def fake(steps, seeds, first=0):
+    asked.append((steps, seeds, first))
+    return {n: [result(1.2) for _ in range(first, seeds)] for n in tf}
+
+  monkeypatch.setattr(study, "run_transformer", fake)
+  path = str(tmp_path / "norm_comparison.json")
+  study.main(["--extend", path, "--tf-seeds", "3", "--out", str(tmp_path / "b")])
+  assert asked == [(600, 3, 1)]
+  with open(tmp_path / "b" / "norm_comparison.json") as f:
+    run = json.load(f)
+  assert [r["final_loss"] for r in run["transformer"]["rms-post"]] == [1.3, 1.2, 1.2]
+  assert run["args"]["tf_seeds"] == 3 and run["cnn"]["batch"]["2"] == [[0.9, 1.0]]
+  assert "over 3 seeds" in (tmp_path / "b" / "norm_comparison.md").read_text()
+
+
 def test_seed_study_resumes_and_reports(tmp_path, monkeypatch):
   """The seed study trains only the (configuration, seed) pairs its JSON lacks, seed by
   seed, and its tables count on the seeds every configuration finished."""
