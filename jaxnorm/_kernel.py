@@ -40,7 +40,7 @@ from jax import lax
 from jaxnorm import _accel, _stats
 from jaxnorm._axes import broadcast_shape
 from jaxnorm._config import Config
-from jaxnorm._dtypes import accumulation_dtype, real_dtype, standard_promotion, to_dtype
+from jaxnorm._dtypes import accumulation_dtype, promote, real_dtype, standard_promotion, to_dtype
 from jaxnorm._stats import (
   Moments,
   Variance,
@@ -452,29 +452,31 @@ def apply_statistics(
   s = r if scale is None else r * scale
   shape = jnp.broadcast_shapes(jnp.shape(s), jnp.shape(mean))
   shape = (1,) * (x.ndim - len(shape)) + shape
-  y = _shift_scale(
-    x.astype(cfg.dtype), jnp.broadcast_to(mean, shape), jnp.broadcast_to(s, shape), bias
-  )
+  x = x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(cfg.dtype)
+  y = _shift_scale(x, jnp.broadcast_to(mean, shape), jnp.broadcast_to(s, shape), bias, cfg.dtype)
   return y.astype(cfg.out_dtype)
 
 
-@jax.custom_jvp
-def _shift_scale(x, mean, s, bias):
-  """``(x − mean)·s + bias`` (``mean`` and ``s`` of one small shape, of ``x``'s rank)."""
-  y = (x - mean) * s
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
+def _shift_scale(x, mean, s, bias, dtype):
+  """``(x − mean)·s + bias`` in ``dtype`` (``mean``, ``s``: one small shape, x's rank)."""
+  y = (x.astype(dtype) - mean) * s
   return y if bias is None else y + bias
 
 
 @_shift_scale.defjvp
 @standard_promotion
-def _shift_scale_jvp(primals, tangents):
+def _shift_scale_jvp(dtype, primals, tangents):
   x, mean, s, bias = primals
   dx, dmean, ds, dbias = tangents
-  y = _shift_scale(x, mean, s, bias)
+  y = _shift_scale(x, mean, s, bias, dtype)
   axes = tuple(i for i in range(x.ndim) if s.shape[i] == 1)
   v = _view(x.shape, axes, None, s, sharded=sharded_axes(x))
-  acc = accumulation_dtype(x.dtype)  # (half precision: see _affine_normalize_jvp)
-  dy = (dx - dmean.astype(acc)) * s + ((v(x) - v(mean)) * v(ds).astype(acc)).reshape(x.shape)
+  acc = accumulation_dtype(dtype)  # (half precision: see _affine_normalize_jvp)
+  # (its own x, unrounded where exact: XLA:CPU reads it in half precision there, item 55)
+  xa = converted_apart(x if promote(x.dtype, dtype) == dtype else x.astype(dtype), acc)[0]
+  dx = dx.astype(dtype)
+  dy = (dx - dmean.astype(acc)) * s + ((v(xa) - v(mean)) * v(ds).astype(acc)).reshape(x.shape)
   if bias is not None:
     dy = dy + dbias.astype(acc)
   return y, dy.astype(y.dtype)
