@@ -120,6 +120,8 @@ def qk_norm_table(runs: list[dict]) -> str:
     below = "—" if label == "--norm layer" else f"{int((values < base).sum())} of {len(seeds)}"
     lines.append(f"| `{label}` | {spread(values)} | {below} |")
   command = f"python examples/seed_study.py qk_norm --seeds {len(seeds)}"
+  if seeds != list(range(len(seeds))):  # (two processes: the seeds they had finished)
+    command = "python examples/seed_study.py qk_norm` and `--from-seed 10"
   lines += ["", f"{_seeds(seeds, numbered=True)}, from {start.min():.1f}–{start.max():.1f} "
             f"nats/char at the start (`{command}`)."]  # fmt: skip
   return "\n".join(lines)
