@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 
 import numpy as np
 from tqdm import tqdm
@@ -119,12 +120,23 @@ def qk_norm_table(runs: list[dict]) -> str:
   for label, values in loss.items():
     below = "—" if label == "--norm layer" else f"{int((values < base).sum())} of {len(seeds)}"
     lines.append(f"| `{label}` | {spread(values)} | {below} |")
-  command = f"python examples/seed_study.py qk_norm --seeds {len(seeds)}"
+  command = f"`python examples/seed_study.py qk_norm --seeds {len(seeds)}`"
   if seeds != list(range(len(seeds))):  # (two processes: the seeds they had finished)
-    command = "python examples/seed_study.py qk_norm` and `--from-seed 10"
+    command = "`python examples/seed_study.py qk_norm` and `--from-seed 10`"
   lines += ["", f"{_seeds(seeds, numbered=True)}, from {start.min():.1f}–{start.max():.1f} "
-            f"nats/char at the start (`{command}`)."]  # fmt: skip
-  return "\n".join(lines)
+            f"nats/char at the start ({command})."]  # fmt: skip
+  qk = np.concatenate([loss[f"--norm layer --qk-norm {q}"] - base for q in ("head", "flat")])
+  gap = loss["--norm dyt"] - base
+  behind = f"{gap.min():.2f}" if f"{gap.min():.2f}" == f"{gap.max():.2f}" else _range(gap, 2)
+  reading = (
+    f"QK-norm moves the loss by {np.abs(qk).max():.3f} nats at most against LayerNorm on the "
+    "same seed (its point is stability at scale, where attention logits grow), and DyT with "
+    "the paper's `α = 0.5` and this example's learning rate trains but ends "
+    f"{behind} nats behind LayerNorm. {len(seeds)} of the study's 20 seeds so far: `python "
+    "examples/seed_study.py qk_norm` trains the ones `docs/studies/qk_norm.json` lacks, and "
+    "the table is what its `--report` prints."
+  )
+  return "\n".join(lines) + "\n\n" + textwrap.fill(reading, 90)
 
 
 def dit_width_row(runs: list[dict]) -> str:
@@ -141,6 +153,30 @@ def dit_width_row(runs: list[dict]) -> str:
           f"{hi.min():.3f}–{hi.max():.3f} ({hi.mean():.3f}) |")  # fmt: skip
 
 
+def dit_width_reading(runs: list[dict]) -> str:
+  """The guide's sentence on the wider token model against the narrow one and AdaLN-Zero
+  on the same seeds (their runs: ``mini_dit_seeds.json``)."""
+  seeds, loss = _by_config(runs, "val_loss")
+  wide, acc = loss[next(iter(loss))], next(iter(_by_config(runs, "class_accuracy")[1].values()))
+  with open(os.path.join(STUDY_DIR, "mini_dit_seeds.json")) as f:
+    base = {r["seed"]: r for r in json.load(f)}
+  adaln, token = ({k: np.array([base[s][m][k] for s in seeds]) for k in ("val_loss",
+                   "class_accuracy")} for m in ("adaln", "token"))  # fmt: skip
+  worse, fewer = (wide / adaln["val_loss"] - 1) * 100, (adaln["class_accuracy"] - acc) * 100
+  return (
+    "so the token model was also run wider, with more parameters than AdaLN-Zero (`python "
+    f"examples/seed_study.py dit_width`, {len(seeds)} seeds, `docs/studies/dit_width.json`): "
+    f"its loss is below the narrow token model's in {int((wide < token['val_loss']).sum())} "
+    f"of them, and it still trails AdaLN-Zero in {int((worse > 0).sum())}, by "
+    f"{_range(worse, 0)} % in loss and {_range(fewer, 0)} points of samples of the class "
+    "asked for."
+  )
+
+
+def _range(a: np.ndarray, digits: int) -> str:
+  return f"{a.min():.{digits}f}–{a.max():.{digits}f}"
+
+
 def _seeds(seeds: list[int], numbered: bool = False) -> str:
   """``"20 seeds"``, or with ``numbered`` ``"Seeds 0–19"`` (``"Seed 0"`` for one)."""
   if not numbered:
@@ -151,7 +187,10 @@ def _seeds(seeds: list[int], numbered: bool = False) -> str:
   return f"Seeds {seeds[0]}–{seeds[-1]}" if run else f"Seeds {', '.join(map(str, seeds))}"
 
 
-REPORTS = {"qk_norm": qk_norm_table, "dit_width": dit_width_row}
+REPORTS = {
+  "qk_norm": qk_norm_table,
+  "dit_width": lambda runs: dit_width_row(runs) + "\n\n" + dit_width_reading(runs),
+}
 
 
 def main(argv=None) -> str:
