@@ -465,11 +465,11 @@ def converted_apart(raw, dtype, flip_bits=False):
     return raw, raw, 1.0
 
   def apart(r):
-    neg = lax.bitcast_convert_type(r, jnp.uint16) ^ jnp.uint16(0x8000) if flip_bits else -r
-    neg = lax.bitcast_convert_type(neg, r.dtype) if neg.dtype != r.dtype else neg
+    flip = flip_bits and r.dtype.itemsize == 2
+    neg = lax.bitcast_convert_type(r, jnp.uint16) ^ jnp.uint16(0x8000) if flip else -r
+    neg = lax.bitcast_convert_type(neg, r.dtype) if flip else neg
     return tuple(lax.optimization_barrier(a).astype(dtype) for a in (r, neg))
 
-  flip_bits = flip_bits and jnp.dtype(raw.dtype).itemsize == 2
   x, neg = lax.platform_dependent(
     raw, cpu=apart, default=lambda r: (r.astype(dtype), -r.astype(dtype))
   )
