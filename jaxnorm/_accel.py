@@ -57,7 +57,7 @@ def affine_normalize(
     if about is None:
       mean, var = merged_moments(raw, cfg.axes, groups, acc)
     else:
-      mean, var = _stats.on_tpu(  # (the module's: the tests patch it)
+      mean, var = _stats.on_platform(  # (the module's: the tests patch it)
         raw,
         about,
         tpu=lambda r, a: _stats.moments_about(r, a, cfg.axes, groups, acc),

@@ -18,10 +18,11 @@ across devices the rule sums ``Σ(x − μ)·ẋ`` instead of ``Sₓ − μ·S�
 it keeps the plain sums, whose cancellation costs gradients of far off-centre data
 (|μ|/σ ≈ 1e4) about 1e-4 relative error — the forward output stays exact.
 
-How XLA:CPU compiles this decides the traffic, so three details are deliberate: every
+How XLA:CPU compiles this decides the traffic, so four details are deliberate: every
 reduction runs on a merged view of ``x`` (:class:`_View`), the small per-group factors
-pass through a select (:func:`_fusion_barrier`), and products are ordered so that no full-size
-product is shared by two reductions (``benchmarks/RESULTS.md``, items 12–14).
+pass through a select (:func:`_fusion_barrier`), products are ordered so that no full-size
+product is shared by two reductions (``benchmarks/RESULTS.md``, items 12–14), and each
+reduction takes its own x, γ and half-precision cotangent from a barrier (item 56).
 
 Everything static about a call is one :class:`~jaxnorm._config.Config`, built by the
 public function that was called; ε and the mask are operands.
@@ -49,6 +50,7 @@ from jaxnorm._stats import (
   converted_apart,
   group_moments,
   group_sum,
+  kept_apart,
   psum,
   sharded_axes,
   sharded_like,
@@ -275,7 +277,9 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   # Products with per-group or per-feature tangents run in at least float32: reverse mode
   # transposes their broadcasts into sums over x, which overflow float16 past 65,504 terms.
   acc = accumulation_dtype(cfg.dtype)
-  xv, dxv, rv = v(x).astype(acc), v(dx), v(r)
+  # Each reduction of the derivative its own x, γ and (half precision) cotangent (items 22,
+  # 23 and 56: a full-size expression two YNNPACK reductions share is written out).
+  (xv, xa, xg), dxv, rv = converted_apart(v(x), acc, 3), v(dx), v(r)
   meanv, inv_n = v(mean), 1.0 / jnp.maximum(v(count), 1)
   valid = None if full_mask is None else v(full_mask)
 
@@ -290,11 +294,6 @@ def _affine_normalize_jvp(cfg, primals, tangents):
     std = jnp.sqrt(v(var))
     c = jnp.where(std > 0, -1.0 / jnp.where(std > 0, std, 1.0), 0.0)
   gamma = 1.0 if scale is None else scale
-  gammav: Any = 1.0 if scale is None else v(scale)
-  if scale is not None and sharded_axes(x):
-    # (γ·p and γ·(rμ̇ + μp) below have no sharded operand: replicated, their transposes
-    # gathered x)
-    gammav = sharded_like(gammav, xv)
   # With a mask or across devices the derivative sums ``(x − μ)·ẋ`` (exact); otherwise
   # ``x·ẋ − μ·Σẋ``, plain sums XLA streams (~eps·|μ|/σ·sqrt(n) relative error: item 6).
   centred = mask is not None or cfg.axis_name is not None
@@ -304,37 +303,31 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   else:
     s1 = total(dxv)
     dmean = s1 * inv_n
-    if centred:
-      cov = total((xv - meanv) * dxv) * inv_n
-    else:
-      cov = (total(xv * dxv) - meanv * s1) * inv_n
+    cov = (total((xv - meanv) * dxv) if centred else total(xv * dxv) - meanv * s1) * inv_n
   # (ε's tangent changes r alone: (x − μ)·ṙ is one more per-group term of p.)
   p = _fusion_barrier(
     rv, c * rv * rv * cov + _inverse_std_tangent(rv, depsilon, cfg.epsilon_in_root)
   )
   # Products are ordered so that no full-size product is shared between two reductions of
   # the transposed derivative (x·(γp) and (x·r)·γ̇ transpose to Σ(ẏ·x)·γ and Σẏ·(x·r)).
-  dyv = xv * (gammav * p)
-  if cfg.center:
-    dyv = dyv + gammav * _fusion_barrier(rv, -(rv * dmean + meanv * p))
+  # (γ·p and γ·(rμ̇ + μp) have no sharded operand: replicated, their transposes gathered x)
+  gs = (1.0, 1.0) if scale is None else kept_apart(v(scale), v(scale))
+  ga, gb = (sharded_like(g, xv) for g in gs)
+  factor, shift = ga * p, gb * _fusion_barrier(rv, -(rv * dmean + meanv * p))
   gterm = None
   if dscale is not None:
     dscalev = v(dscale).astype(acc)
     if jnp.size(rv * dscalev) < xv.size:  # r·γ̇ is per feature (BatchNorm, CNN layouts)
       rs = rv * dscalev  # Σẏ·x then shares the reduction of the statistics' derivative
-      dyv = dyv + (xv * rs - meanv * rs if cfg.center else xv * rs)
-    else:  # (its own reads of x and of the cotangent: see converted_apart; centred, its −x
-      # by the sign bit: 38.1|x| against 40.1 bfloat16; RMSNorm shares a float32 x anyway)
-      xg = xv if x.dtype == acc else -converted_apart(v(x), acc, cfg.center)[1]
+      factor, shift = factor + rs, shift - meanv * rs
+    else:
       gterm = ((xg - meanv) * rv if cfg.center else xg * rv) * dscalev
-  dy = dx * (gamma * r) + dyv.reshape(x.shape)
-  if dbias is not None:
-    dy = dy + dbias.astype(acc)
-  if gterm is None:
-    dy = dy.astype(y.dtype)
-  else:  # (the scale's reduction on its own reads of x, items 22-23)
-    g = gterm.reshape(x.shape).astype(y.dtype)
-    dy = dy.astype(y.dtype) + (g if y.dtype == acc else lax.optimization_barrier(g))
+  viewed = [xa * factor] + ([shift] if cfg.center else []) + ([] if gterm is None else [gterm])
+  split = y.dtype != acc and not sharded_axes(x)
+  viewed = viewed if split else [sum(viewed[1:], viewed[0])]
+  parts = [dx * (gamma * r)] + [jnp.broadcast_to(t, xv.shape).reshape(x.shape) for t in viewed]
+  parts += [] if dbias is None else [dbias]
+  dy = _summed_apart(parts, x.shape, y.dtype, acc, split)
   kept = mean.shape
   dstats = Moments(
     dmean.reshape(kept).astype(mean.dtype),
@@ -342,6 +335,16 @@ def _affine_normalize_jvp(cfg, primals, tangents):
     jnp.zeros_like(count),
   )
   return (y, stats), (dy, dstats)
+
+
+def _summed_apart(parts, shape, dtype, acc, split):
+  """``Σ parts`` (tangents broadcastable to ``shape``) in ``dtype``; with ``split`` (half
+  precision), each part at full size and rounded on its own behind one barrier, so that in
+  the transposed derivative each reduction reads its own cotangent (the float32 cast of one,
+  read by two YNNPACK reductions, is written out: items 22-23 and 56)."""
+  if split:
+    parts = kept_apart(*(jnp.broadcast_to(t.astype(acc), shape).astype(dtype) for t in parts))
+  return sum(t.astype(acc) for t in parts).astype(dtype)
 
 
 def affine_normalize(
@@ -453,30 +456,29 @@ def apply_statistics(
   shape = jnp.broadcast_shapes(jnp.shape(s), jnp.shape(mean))
   shape = (1,) * (x.ndim - len(shape)) + shape
   x = x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(cfg.dtype)
-  y = _shift_scale(x, jnp.broadcast_to(mean, shape), jnp.broadcast_to(s, shape), bias, cfg.dtype)
-  return y.astype(cfg.out_dtype)
+  mean, s = jnp.broadcast_to(mean, shape), jnp.broadcast_to(s, shape)
+  return _shift_scale(x, mean, s, bias, cfg.dtype, cfg.out_dtype)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
-def _shift_scale(x, mean, s, bias, dtype):
-  """``(x − mean)·s + bias`` in ``dtype`` (``mean``, ``s``: one small shape, x's rank)."""
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5))
+def _shift_scale(x, mean, s, bias, dtype, out_dtype):
+  """``(x − mean)·s + bias`` in ``dtype``, returned in ``out_dtype`` (``mean``, ``s``: one
+  small shape, x's rank)."""
   y = (x.astype(dtype) - mean) * s
-  return y if bias is None else y + bias
+  return (y if bias is None else y + bias).astype(out_dtype)
 
 
 @_shift_scale.defjvp
 @standard_promotion
-def _shift_scale_jvp(dtype, primals, tangents):
+def _shift_scale_jvp(dtype, out_dtype, primals, tangents):
   x, mean, s, bias = primals
   dx, dmean, ds, dbias = tangents
-  y = _shift_scale(x, mean, s, bias, dtype)
+  y = _shift_scale(x, mean, s, bias, dtype, out_dtype)
   axes = tuple(i for i in range(x.ndim) if s.shape[i] == 1)
   v = _view(x.shape, axes, None, s, sharded=sharded_axes(x))
   acc = accumulation_dtype(dtype)  # (half precision: see _affine_normalize_jvp)
   # (its own x, unrounded where exact: XLA:CPU reads it in half precision there, item 55)
-  xa = converted_apart(x if promote(x.dtype, dtype) == dtype else x.astype(dtype), acc)[0]
-  dx = dx.astype(dtype)
-  dy = (dx - dmean.astype(acc)) * s + ((v(xa) - v(mean)) * v(ds).astype(acc)).reshape(x.shape)
-  if bias is not None:
-    dy = dy + dbias.astype(acc)
-  return y, dy.astype(y.dtype)
+  xa = converted_apart(x if promote(x.dtype, dtype) == dtype else x.astype(dtype), acc, 1)[0]
+  dxs = ((v(xa) - v(mean)) * v(ds).astype(acc)).reshape(x.shape)
+  parts = [dx.astype(dtype) * s, -dmean.astype(acc) * s, dxs] + ([] if bias is None else [dbias])
+  return y, _summed_apart(parts, x.shape, y.dtype, acc, y.dtype != acc and not sharded_axes(x))

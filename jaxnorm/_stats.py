@@ -226,17 +226,11 @@ def shifts(x, axes, groups=None):
   return tuple(out)
 
 
-def on_platform(*args: Any, cpu: Any, default: Any) -> Any:
-  """``lax.platform_dependent``: ``cpu(*args)`` in programs lowered for XLA:CPU,
-  ``default(*args)`` for every other platform (a seam the tests patch to run the
-  accelerators' branch on the CPU)."""
-  return lax.platform_dependent(*args, cpu=cpu, default=default)
-
-
-def on_tpu(*args: Any, tpu: Any, default: Any) -> Any:
-  """``lax.platform_dependent``: ``tpu(*args)`` in programs lowered for TPUs, ``default``
-  elsewhere (the tests' seam for XLA:TPU's branch, as :func:`on_platform`)."""
-  return lax.platform_dependent(*args, tpu=tpu, default=default)
+def on_platform(*args: Any, default: Any, **branches: Any) -> Any:
+  """``lax.platform_dependent``: the branch named for the platform a program is lowered for
+  (``cpu=``, ``tpu=``), ``default`` on the others (a seam the tests patch to run the
+  accelerators' branches on the CPU)."""
+  return lax.platform_dependent(*args, default=default, **branches)
 
 
 def on_mesh(x: Any) -> bool:
@@ -334,17 +328,17 @@ def _two_shifts(raw, axes, dtype, per_outer=False):
   return parts if inner == axes else _merged(parts, axes[:1], _mesh_size(raw))
 
 
-def _shifted_parts(x, axes, groups, shifts):
+def _shifted_parts(x, axes, groups, shifts, raw=None):
   """``(n, a, s₁, s₂)`` around ``a`` from one parallel pass of sums shifted by two elements
   ``a`` and ``b`` of each group (``shifts``, from :func:`shifts`): ``s₁ = Σ(x − a)`` and
   ``Σ(x − b)²``, moved onto ``a`` on the small sums. Shifting by an element of the group
   removes the offset before anything is summed or squared: the cancellation left is at
   most ``(mean − b)²/var ≤ n`` (an element lies within ``sqrt(n)`` standard deviations
   of the mean), typically ~1, instead of ``mean²/var`` for ``E[x²] − E[x]²`` (Flax's
-  fast variance), which is unbounded. Two different shifts keep the two sums separate
-  expressions, each fused into its own read of ``x`` (``benchmarks/RESULTS.md``, item 11)."""
-  a, b = shifts
-  s1, t2 = group_sum(x - a, axes, groups), group_sum(jnp.square(x - b), axes, groups)
+  fast variance), which is unbounded. With ``raw`` (x before its conversion), each sum reads
+  it on its own (:func:`converted_apart`; ``benchmarks/RESULTS.md``, items 11 and 56)."""
+  x, y, a, b = (x, x, *shifts) if raw is None else converted_apart(raw, x.dtype, 2, *shifts)
+  s1, t2 = group_sum(x - a, axes, groups), group_sum(jnp.square(y - b), axes, groups)
   n = jnp.full_like(s1, elements_per_group(x.shape, axes, groups))
   delta = b - a
   return n, a, s1, t2 + delta * (2 * s1 - n * delta)
@@ -450,30 +444,30 @@ def moments_about(raw: jax.Array, about: jax.Array, axes: Any, groups: Any, dtyp
 moments_about.defjvp(_textbook_jvp(moments_about))
 
 
-def converted_apart(raw, dtype, flip_bits=False):
-  """``(x, −x, −1)``: ``raw`` converted to ``dtype``, as two expressions that XLA:CPU keeps
-  apart; ``(x, x, 1)`` when there is nothing to convert. Each reduction then reads the
-  half-precision input itself instead of a float32 copy written out for both (behind
-  optimization barriers on the CPU only: ``benchmarks/RESULTS.md``, items 20 and 21).
-  ``flip_bits``: a 16-bit ``−x`` by its sign bit (XLA:CPU computes half precision in
-  float32, and LayerNorm's ``−x`` wrote a float32 x out: item 54)."""
+def converted_apart(raw, dtype, n=2, *salt):
+  """``n`` conversions of ``raw`` to ``dtype``, each of its own output of one barrier
+  (:func:`kept_apart`): each reduction then reads the half-precision input itself, not a
+  float32 copy written out for all (items 20, 21 and 56). ``salt``: arrays passed through
+  the same barrier, returned after the copies (the statistics' shifts: without, CSE merges
+  this barrier with the derivative's of the same x)."""
   if not jnp.issubdtype(raw.dtype, jnp.floating):
-    # Integers and bools: negation is not exact (uint8 −10 wraps to 246, bool has none),
-    # so convert first; they are not half precision, there is nothing to keep apart.
-    raw = raw.astype(dtype)
+    raw = raw.astype(dtype)  # (integers and bools are not half precision)
   if raw.dtype == dtype:
-    return raw, raw, 1.0
+    return (raw,) * n + salt
+  out = kept_apart(*(raw,) * n, *salt)
+  return tuple(a.astype(dtype) for a in out[:n]) + out[n:]
 
-  def apart(r):
-    flip = flip_bits and r.dtype.itemsize == 2
-    neg = lax.bitcast_convert_type(r, jnp.uint16) ^ jnp.uint16(0x8000) if flip else -r
-    neg = lax.bitcast_convert_type(neg, r.dtype) if flip else neg
-    return tuple(lax.optimization_barrier(a).astype(dtype) for a in (r, neg))
 
-  x, neg = lax.platform_dependent(
-    raw, cpu=apart, default=lambda r: (r.astype(dtype), -r.astype(dtype))
+def kept_apart(*arrays):
+  """``arrays``, on XLA:CPU as one optimization barrier's outputs, which CSE keeps apart (not
+  two barriers of one array): a full-size expression that two YNNPACK reductions share, which
+  fuse only a producer of theirs alone, is written out (``benchmarks/RESULTS.md``, item 56).
+  As they are where shard_map types them apart (a barrier's outputs share one)."""
+  if len({getattr(jax.typeof(a), "vma", None) for a in arrays}) > 1:
+    return arrays
+  return lax.platform_dependent(
+    *arrays, cpu=lambda *a: lax.optimization_barrier(a), default=lambda *a: a
   )
-  return x, neg, -1.0
 
 
 def _checked_moments(raw, dtype, axes, inv_n):
@@ -487,7 +481,7 @@ def _checked_moments(raw, dtype, axes, inv_n):
   mean(d)`` and ``var = mean(d²) − mean(d)²``. ``raw`` is ``x`` before its conversion to
   ``dtype``, the fallback's operand (``benchmarks/RESULTS.md``, item 4).
   """
-  x, other, _ = converted_apart(raw, dtype)
+  x, other = converted_apart(raw, dtype)
   mean = group_sum(x, axes) * inv_n
   fast = jnp.maximum(group_sum(other * other, axes) * inv_n - mean * mean, 0)
   limit = 2e-6 / float(jnp.finfo(dtype).eps)
@@ -496,8 +490,8 @@ def _checked_moments(raw, dtype, axes, inv_n):
 
   def two_pass(operands):
     raw, mean, _ = operands
-    x, other, sign = converted_apart(raw, dtype)
-    d, other_d = x - mean, other - sign * mean  # other_d = ±d
+    x, other = converted_apart(raw, dtype)
+    d, other_d = x - mean, other - mean
     shift = group_sum(d, axes) * inv_n
     var = jnp.maximum(group_sum(other_d * other_d, axes) * inv_n - shift * shift, 0)
     return mean + shift, var
@@ -519,11 +513,11 @@ def _two_pass(x, axes, groups, inv_n, valid=None, center=True, about=None, raw=N
   def mean_of(z):
     return group_sum(z if valid is None else jnp.where(valid, z, 0), axes, groups) * inv_n
 
-  first, second, sign = (x, x, 1.0) if raw is None else converted_apart(raw, x.dtype)
+  first, second = (x, x) if raw is None else converted_apart(raw, x.dtype)
   if not center:
     return jnp.zeros(inv_n.shape, x.dtype), mean_of(abs_sq(x))
   mean = mean_of(first) if about is None else about + mean_of(first - about)
-  return mean, mean_of(abs_sq(second - mean if sign == 1.0 else second + mean))
+  return mean, mean_of(abs_sq(second - mean))
 
 
 def _gather(value, axis_name, axis_index_groups):
@@ -624,7 +618,7 @@ def group_moments(
   if groups is None and (shift is None or on_mesh(raw)):
     mean, var = _unmasked(raw, axes, variance, x.dtype)
   elif variance is Variance.SHIFTED and shift is not None:
-    mean, var = _moments_of(_shifted_parts(x, axes, groups, shift), None)
+    mean, var = _moments_of(_shifted_parts(x, axes, groups, shift, raw), None)
   else:  # (two passes on raw x: XLA:CPU's fastest for channel groups, items 21 and 39)
     about = None if shift is None else shift[0]
     mean, var = _two_pass(x, axes, groups, inv_n, about=about, raw=raw)
@@ -680,7 +674,7 @@ def _by_method(raw, axes, variance, dtype):
   shift = shifts(x, axes) if variance is Variance.SHIFTED else None
   if shift is None:  # (a sharded reduced axis, an empty input, or asked: two passes)
     return _two_pass(x, axes, None, inv_n)
-  return _moments_of(_shifted_parts(x, axes, None, shift), None)
+  return _moments_of(_shifted_parts(x, axes, None, shift, raw), None)
 
 
 @_by_method.defjvp

@@ -55,7 +55,7 @@ def _reference(name, x, axes, eps):
 @pytest.fixture
 def accelerator_branch(monkeypatch, request):
   """Programs lowered for XLA:CPU take the branch they take on TPUs and GPUs."""
-  monkeypatch.setattr(jaxnorm._stats, "on_platform", lambda *a, cpu, default: default(*a))
+  monkeypatch.setattr(jaxnorm._stats, "on_platform", lambda *a, default, **_: default(*a))
   jax.clear_caches()
   request.addfinalizer(jax.clear_caches)
 
@@ -72,7 +72,7 @@ def test_accelerator_branch_is_exact_far_off_centre(name, make, shape, axes, eps
   expected = loss(params, centred)
   y_cpu = np.asarray(jax.jit(forward)(params, x))
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(jaxnorm._stats, "on_platform", lambda *a, cpu, default: default(*a))
+    patch.setattr(jaxnorm._stats, "on_platform", lambda *a, default, **_: default(*a))
     jax.clear_caches()
     y = np.asarray(jax.jit(forward)(params, x))
     got = loss(params, centred)
@@ -116,7 +116,7 @@ def test_accelerator_branch_second_order_and_strict_promotion(norm, rng, monkeyp
       return jax.hessian(lambda x: jnp.sum(jnp.sin(norm(x))))(x)
 
   expected = hessian()
-  monkeypatch.setattr(jaxnorm._stats, "on_platform", lambda *a, cpu, default: default(*a))
+  monkeypatch.setattr(jaxnorm._stats, "on_platform", lambda *a, default, **_: default(*a))
   jax.clear_caches()
   try:
     got = hessian()
@@ -129,8 +129,9 @@ def test_accelerator_branch_second_order_and_strict_promotion(norm, rng, monkeyp
 @pytest.fixture
 def tpu_branch(monkeypatch):
   """Programs lowered for XLA:CPU take the branch they take on TPUs."""
-  monkeypatch.setattr(jaxnorm._stats, "on_platform", lambda *a, cpu, default: default(*a))
-  monkeypatch.setattr(jaxnorm._stats, "on_tpu", lambda *a, tpu, default: tpu(*a))
+  monkeypatch.setattr(
+    jaxnorm._stats, "on_platform", lambda *a, default, **b: b.get("tpu", default)(*a)
+  )
   jax.clear_caches()
   yield
   jax.clear_caches()
@@ -175,7 +176,7 @@ def test_tpu_add_layer_norm_derivatives(rng, tpu_branch):
 
   got = both()
   with pytest.MonkeyPatch.context() as cpu:
-    cpu.setattr(jaxnorm._stats, "on_platform", lambda *a, cpu, default: cpu(*a))
+    cpu.setattr(jaxnorm._stats, "on_platform", lambda *a, default, cpu, **_: cpu(*a))
     jax.clear_caches()
     expected = both()
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
