@@ -311,7 +311,7 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   # Products are ordered so that no full-size product is shared between two reductions of
   # the transposed derivative (x·(γp) and (x·r)·γ̇ transpose to Σ(ẏ·x)·γ and Σẏ·(x·r)).
   # (γ·p and γ·(rμ̇ + μp) have no sharded operand: replicated, their transposes gathered x)
-  gs = (1.0, 1.0) if scale is None else kept_apart(v(scale), v(scale))
+  gs: Any = (1.0, 1.0) if scale is None else kept_apart(v(scale), v(scale))
   ga, gb = (sharded_like(g, xv) for g in gs)
   factor, shift = ga * p, gb * _fusion_barrier(rv, -(rv * dmean + meanv * p))
   gterm = None
