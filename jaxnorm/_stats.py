@@ -490,8 +490,8 @@ def _checked_moments(raw, dtype, axes, inv_n):
 
   def two_pass(operands):
     raw, mean, _ = operands
-    x, other = converted_apart(raw, dtype)
-    d, other_d = x - mean, other - mean
+    (x, other), (m, m2) = converted_apart(raw, dtype), kept_apart(mean, mean)
+    d, other_d = x - m, other - m2  # (a mean broadcast for both passes is written out)
     shift = group_sum(d, axes) * inv_n
     var = jnp.maximum(group_sum(other_d * other_d, axes) * inv_n - shift * shift, 0)
     return mean + shift, var
