@@ -87,3 +87,50 @@ def test_float64_running_statistics_under_x64(rng):
     # float32 parameters keep Flax's float32 running statistics.
     v32 = jaxnorm.BatchNorm().init(jax.random.key(0), x, use_running_average=False)
     assert v32["batch_stats"]["mean"].dtype == jnp.float32
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms", "batch"])
+def test_bfloat16_forward_mode_tangent(kind, rng):
+  """``jax.jvp`` of a bfloat16 norm (float32 parameters, every input and parameter moved)
+  against the float64 reference's central difference. On XLA:CPU the tangent is a sum of
+  parts, each rounded to bfloat16 on its own (``benchmarks/RESULTS.md``, item 56): a few
+  roundings of the largest part, far inside a missing or doubled term's error (order 1)."""
+  x = rng.normal(2.0, 1.5, (6, 10, 64)).astype(jnp.bfloat16)
+  dx = rng.normal(size=x.shape).astype(jnp.bfloat16)
+  gamma, beta = rng.normal(1.0, 0.3, 64), rng.normal(0.0, 0.3, 64)
+  dgamma, dbeta = rng.normal(size=64), rng.normal(size=64)
+  make, reference = {
+    "layer": (jaxnorm.LayerNorm, ref.layer_norm),
+    "rms": (jaxnorm.RMSNorm, lambda x, g, b: ref.rms_norm(x, g)),
+    "batch": (
+      lambda **kw: jaxnorm.BatchNorm(use_running_average=False, **kw),
+      lambda x, g, b: ref.batch_norm(x, g, b)[0],
+    ),
+  }[kind]
+  module = make(dtype=jnp.bfloat16)
+  variables = module.init(jax.random.key(0), x)
+  params = {"scale": jnp.asarray(gamma, jnp.float32)}
+  tangents = {"scale": jnp.asarray(dgamma, jnp.float32)}
+  if "bias" in variables["params"]:
+    params["bias"], tangents["bias"] = (
+      jnp.asarray(beta, jnp.float32),
+      jnp.asarray(dbeta, jnp.float32),
+    )
+  rest = {k: v for k, v in variables.items() if k != "params"}
+
+  def forward(params, x):
+    out = module.apply({**rest, "params": params}, x, mutable=list(rest) or False)
+    return out[0] if rest else out
+
+  y, dy = jax.jvp(forward, (params, jnp.asarray(x)), (tangents, jnp.asarray(dx)))
+  assert dy.dtype == jnp.bfloat16
+  h, f = 1e-6, np.float64
+  x64, dx64 = np.asarray(x, f), np.asarray(dx, f)
+  g64, b64 = np.asarray(params["scale"], f), np.asarray(params.get("bias", 0.0), f)
+  dg, db = np.asarray(tangents["scale"], f), np.asarray(tangents.get("bias", 0.0), f)
+  want = (
+    reference(x64 + h * dx64, g64 + h * dg, b64 + h * db)
+    - reference(x64 - h * dx64, g64 - h * dg, b64 - h * db)
+  ) / (2 * h)
+  err = np.max(np.abs(np.asarray(dy, f) - want)) / np.max(np.abs(want))
+  assert err < 2e-2, err
