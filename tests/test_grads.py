@@ -73,7 +73,8 @@ def test_masked_gradient_matches_dropping_the_masked_rows(rng):
 
 def test_gradient_of_off_centre_data_stays_accurate(rng):
   """Mean 1e4, std 1 in float32: the derivative's plain sums lose some precision to
-  cancellation; it must stay within 1e-3 of float64 autodiff (measured 1e-4)."""
+  cancellation; it must stay within 6e-5 of float64 autodiff (measured 2.6e-5; 1e-4 while
+  the gradient summed Σẏ·x·γ − μ·Σẏ·γ, before RESULTS item 56 centred the term)."""
   x = (rng.normal(0.0, 1.0, (4, 4, 768)) + 1e4).astype(np.float32)
   cot = rng.normal(size=x.shape).astype(np.float32)
   ones, zeros = np.ones(768, np.float32), np.zeros(768, np.float32)
@@ -83,4 +84,4 @@ def test_gradient_of_off_centre_data_stays_accurate(rng):
       jnp.asarray(x, jnp.float64)
     )
   err = np.abs(np.asarray(ours) - np.asarray(ref)).max() / np.abs(np.asarray(ref)).max()
-  assert err < 1e-3, err
+  assert err < 6e-5, err
