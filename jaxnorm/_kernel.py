@@ -310,7 +310,7 @@ def _affine_normalize_jvp(cfg, primals, tangents):
     rv, c * rv * rv * cov + _inverse_std_tangent(rv, depsilon, cfg.epsilon_in_root)
   )
   # Products are ordered so that no full-size product is shared between two reductions of
-  # the transposed derivative (x·(γp) and (x·r)·γ̇ transpose to Σ(ẏ·x)·γ and Σẏ·(x·r)).
+  # the transposed derivative ((x − μ)·(γp) and (x − μ)·r·γ̇: Σẏ·(x − μ)·γ and Σẏ·(x − μ)·r).
   # (γ·p and γ·rμ̇ have no sharded operand: replicated, their transposes gathered x)
   gs: Any = (1.0, 1.0) if scale is None else kept_apart(v(scale), v(scale))
   ga, gb = (sharded_like(g, xv) for g in gs)
