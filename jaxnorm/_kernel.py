@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from jaxnorm import _accel, _stats
 from jaxnorm._axes import broadcast_shape
@@ -262,11 +263,12 @@ def _fusion_barrier(r, a):
   return jnp.where(r == r, a, 0)
 
 
-@_affine_normalize.defjvp
+@functools.partial(_affine_normalize.defjvp, symbolic_zeros=True)
 @standard_promotion
 def _affine_normalize_jvp(cfg, primals, tangents):
   x, scale, bias, mask, epsilon = primals
-  dx, dscale, dbias, _, depsilon = tangents
+  moved = [not isinstance(t, SymbolicZero) for t in tangents]  # (the rest are zeros)
+  dx, dscale, dbias, _, depsilon = map(_instantiated, tangents)
   y, stats, r = _primal(x, scale, bias, mask, epsilon, cfg, differentiated=True)
   mean, var, count = stats
   full_mask = None if mask is None else broadcast_mask(mask, x.shape)
@@ -320,7 +322,7 @@ def _affine_normalize_jvp(cfg, primals, tangents):
     dscalev = v(dscale).astype(acc)
     if jnp.size(rv * dscalev) < xv.size:  # r·γ̇ is per feature (BatchNorm, CNN layouts)
       rs = rv * dscalev  # Σẏ·x then shares the reduction of the statistics' derivative
-      factor = factor + rs
+      factor, moved[4] = factor + rs, moved[4] or moved[1]  # (the factor moves with γ̇)
     else:
       gterm = ((xg - mg) * rv if cfg.center else xg * rv) * dscalev
   # ((x − μ)·γP: the parts do not cancel, each rounded on its own in half precision below)
@@ -330,7 +332,9 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   viewed = viewed if split else [sum(viewed[1:], viewed[0])]
   parts = [dx * (gamma * r)] + [jnp.broadcast_to(t, xv.shape).reshape(x.shape) for t in viewed]
   parts += [] if dbias is None else [dbias]
-  dy = _summed_apart(parts, x.shape, y.dtype, acc, split)
+  linear = [moved[0], moved[0] or moved[4]] + [moved[0]] * cfg.center
+  linear += [moved[1]] * (gterm is not None) + [moved[2]]
+  dy = _summed_apart(parts, linear, x.shape, y.dtype, acc, split)
   kept = mean.shape
   dstats = Moments(
     dmean.reshape(kept).astype(mean.dtype),
@@ -340,13 +344,24 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   return (y, stats), (dy, dstats)
 
 
-def _summed_apart(parts, shape, dtype, acc, split):
+def _instantiated(t):
+  """A tangent, zeros for a symbolic zero (float0 stays symbolic: a mask's)."""
+  aval: Any = t.aval if isinstance(t, SymbolicZero) else None
+  return t if aval is None or aval.dtype == jax.dtypes.float0 else jnp.zeros(aval.shape, aval.dtype)
+
+
+def _summed_apart(parts, linear, shape, dtype, acc, split):
   """``Σ parts`` (tangents broadcastable to ``shape``) in ``dtype``; with ``split`` (half
   precision), each part at full size and rounded on its own behind one barrier, so that in
   the transposed derivative each reduction reads its own cotangent (the float32 cast of one,
-  read by two YNNPACK reductions, is written out: items 22-23 and 56)."""
+  read by two YNNPACK reductions, is written out: items 22-23 and 56). Only the parts
+  ``linear`` marks (of inputs that move) pass the barrier: a zero among them broke JAX
+  0.12's transpose of it."""
   if split:
-    parts = kept_apart(*(jnp.broadcast_to(t.astype(acc), shape).astype(dtype) for t in parts))
+    apart = [t for t, m in zip(parts, linear, strict=False) if m]
+    rest = [t for t, m in zip(parts, linear, strict=False) if not m]
+    cast = (jnp.broadcast_to(t.astype(acc), shape).astype(dtype) for t in apart)
+    parts = [*kept_apart(*cast), *rest] if apart else rest
   return sum(t.astype(acc) for t in parts).astype(dtype)
 
 
@@ -471,11 +486,12 @@ def _shift_scale(x, mean, s, bias, dtype, out_dtype):
   return (y if bias is None else y + bias).astype(out_dtype)
 
 
-@_shift_scale.defjvp
+@functools.partial(_shift_scale.defjvp, symbolic_zeros=True)
 @standard_promotion
 def _shift_scale_jvp(dtype, out_dtype, primals, tangents):
   x, mean, s, bias = primals
-  dx, dmean, ds, dbias = tangents
+  moved = [not isinstance(t, SymbolicZero) for t in tangents]
+  dx, dmean, ds, dbias = map(_instantiated, tangents)
   y = _shift_scale(x, mean, s, bias, dtype, out_dtype)
   axes = tuple(i for i in range(x.ndim) if s.shape[i] == 1)
   v = _view(x.shape, axes, None, s, sharded=sharded_axes(x))
@@ -484,4 +500,5 @@ def _shift_scale_jvp(dtype, out_dtype, primals, tangents):
   xa = converted_apart(x if promote(x.dtype, dtype) == dtype else x.astype(dtype), acc, 1)[0]
   dxs = ((v(xa) - v(mean)) * v(ds).astype(acc)).reshape(x.shape)
   parts = [dx.astype(dtype) * s, -dmean.astype(acc) * s, dxs] + ([] if bias is None else [dbias])
-  return y, _summed_apart(parts, x.shape, y.dtype, acc, y.dtype != acc and not sharded_axes(x))
+  split = y.dtype != acc and not sharded_axes(x)
+  return y, _summed_apart(parts, moved, x.shape, y.dtype, acc, split)
