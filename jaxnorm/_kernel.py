@@ -267,8 +267,7 @@ def _fusion_barrier(r, a):
 @standard_promotion
 def _affine_normalize_jvp(cfg, primals, tangents):
   x, scale, bias, mask, epsilon = primals
-  moved = [not isinstance(t, SymbolicZero) for t in tangents]  # (the rest are zeros)
-  dx, dscale, dbias, _, depsilon = map(_instantiated, tangents)
+  moved, (dx, dscale, dbias, _, depsilon) = _given(tangents)
   y, stats, r = _primal(x, scale, bias, mask, epsilon, cfg, differentiated=True)
   mean, var, count = stats
   full_mask = None if mask is None else broadcast_mask(mask, x.shape)
@@ -287,15 +286,11 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   valid = None if full_mask is None else v(full_mask)
 
   def total(z):
-    if valid is not None:
-      z = jnp.where(valid, z, 0)
+    z = z if valid is None else jnp.where(valid, z, 0)
     return psum(group_sum(z, v.axes, v.channel_groups), cfg.axis_name, cfg.axis_index_groups)
 
-  if cfg.epsilon_in_root:
-    c = -rv
-  else:
-    std = jnp.sqrt(v(var))
-    c = jnp.where(std > 0, -1.0 / jnp.where(std > 0, std, 1.0), 0.0)
+  std = None if cfg.epsilon_in_root else jnp.sqrt(v(var))
+  c = -rv if std is None else jnp.where(std > 0, -1.0 / jnp.where(std > 0, std, 1.0), 0.0)
   gamma = 1.0 if scale is None else scale
   # With a mask or across devices the derivative sums ``(x − μ)·ẋ`` (exact); otherwise
   # ``x·ẋ − μ·Σẋ``, plain sums XLA streams (~eps·|μ|/σ·sqrt(n) relative error: item 6).
@@ -308,12 +303,10 @@ def _affine_normalize_jvp(cfg, primals, tangents):
     dmean = s1 * inv_n
     cov = (total((xv - meanv) * dxv) if centred else total(xv * dxv) - meanv * s1) * inv_n
   # (ε's tangent changes r alone: (x − μ)·ṙ is one more per-group term of p.)
-  p = _fusion_barrier(
-    rv, c * rv * rv * cov + _inverse_std_tangent(rv, depsilon, cfg.epsilon_in_root)
-  )
-  # Products are ordered so that no full-size product is shared between two reductions of
-  # the transposed derivative ((x − μ)·(γp) and (x − μ)·r·γ̇: Σẏ·(x − μ)·γ and Σẏ·(x − μ)·r).
-  # (γ·p and γ·rμ̇ have no sharded operand: replicated, their transposes gathered x)
+  eps_term = _inverse_std_tangent(rv, depsilon, cfg.epsilon_in_root)
+  p = _fusion_barrier(rv, c * rv * rv * cov + eps_term)
+  # No full-size product is shared by two reductions of the transposed derivative (Σẏ·(x − μ)·γ,
+  # Σẏ·(x − μ)·r); γ·p, γ·rμ̇ have no sharded operand: replicated, their transposes gathered x.
   gs: Any = (1.0, 1.0) if scale is None else kept_apart(v(scale), v(scale))
   ga, gb = (sharded_like(g, xv) for g in gs)
   factor, shift = ga * p, gb * _fusion_barrier(rv, -rv * dmean)
@@ -325,7 +318,6 @@ def _affine_normalize_jvp(cfg, primals, tangents):
       factor, moved[4] = factor + rs, moved[4] or moved[1]  # (the factor moves with γ̇)
     else:
       gterm = ((xg - mg) * rv if cfg.center else xg * rv) * dscalev
-  # ((x − μ)·γP: the parts do not cancel, each rounded on its own in half precision below)
   xc = xa - ma if cfg.center else xa
   viewed = [xc * factor] + ([shift] if cfg.center else []) + ([] if gterm is None else [gterm])
   split = y.dtype != acc and not sharded_axes(x)
@@ -335,33 +327,28 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   linear = [moved[0], moved[0] or moved[4]] + [moved[0]] * cfg.center
   linear += [moved[1]] * (gterm is not None) + [moved[2]]
   dy = _summed_apart(parts, linear, x.shape, y.dtype, acc, split)
-  kept = mean.shape
-  dstats = Moments(
-    dmean.reshape(kept).astype(mean.dtype),
-    (2.0 * cov).reshape(kept).astype(var.dtype),
-    jnp.zeros_like(count),
-  )
-  return (y, stats), (dy, dstats)
+  dmean, dvar = dmean.reshape(mean.shape).astype(mean.dtype), (2.0 * cov).reshape(mean.shape)
+  return (y, stats), (dy, Moments(dmean, dvar.astype(var.dtype), jnp.zeros_like(count)))
 
 
-def _instantiated(t):
-  """A tangent, zeros for a symbolic zero (float0 stays symbolic: a mask's)."""
-  aval: Any = t.aval if isinstance(t, SymbolicZero) else None
-  return t if aval is None or aval.dtype == jax.dtypes.float0 else jnp.zeros(aval.shape, aval.dtype)
+def _given(tangents):
+  """Which tangents move, and the tangents, zeros for symbolic zeros (a mask's float0 as is)."""
+  ts: list[Any] = list(tangents)
+  moved = [not isinstance(t, SymbolicZero) for t in ts]
+  zeros = [t if m or t.aval.dtype == jax.dtypes.float0 else jnp.zeros(t.aval.shape, t.aval.dtype)
+           for t, m in zip(ts, moved, strict=True)]  # fmt: skip
+  return moved, zeros
 
 
 def _summed_apart(parts, linear, shape, dtype, acc, split):
   """``Σ parts`` (tangents broadcastable to ``shape``) in ``dtype``; with ``split`` (half
-  precision), each part at full size and rounded on its own behind one barrier, so that in
-  the transposed derivative each reduction reads its own cotangent (the float32 cast of one,
-  read by two YNNPACK reductions, is written out: items 22-23 and 56). Only the parts
-  ``linear`` marks (of inputs that move) pass the barrier: a zero among them broke JAX
-  0.12's transpose of it."""
+  precision) those ``linear`` marks (zeros broke JAX 0.12's transpose) at full size, each
+  rounded behind one barrier: each reduction of the transposed derivative then reads its
+  own cotangent (one float32 cast two reductions read is written out: items 22-23, 56)."""
   if split:
-    apart = [t for t, m in zip(parts, linear, strict=False) if m]
-    rest = [t for t, m in zip(parts, linear, strict=False) if not m]
-    cast = (jnp.broadcast_to(t.astype(acc), shape).astype(dtype) for t in apart)
-    parts = [*kept_apart(*cast), *rest] if apart else rest
+    moving = [t for t, m in zip(parts, linear, strict=False) if m]
+    cast = (jnp.broadcast_to(t.astype(acc), shape).astype(dtype) for t in moving)
+    parts = list(kept_apart(*cast)) if moving else [jnp.zeros(shape, dtype)]
   return sum(t.astype(acc) for t in parts).astype(dtype)
 
 
@@ -490,8 +477,7 @@ def _shift_scale(x, mean, s, bias, dtype, out_dtype):
 @standard_promotion
 def _shift_scale_jvp(dtype, out_dtype, primals, tangents):
   x, mean, s, bias = primals
-  moved = [not isinstance(t, SymbolicZero) for t in tangents]
-  dx, dmean, ds, dbias = map(_instantiated, tangents)
+  moved, (dx, dmean, ds, dbias) = _given(tangents)
   y = _shift_scale(x, mean, s, bias, dtype, out_dtype)
   axes = tuple(i for i in range(x.ndim) if s.shape[i] == 1)
   v = _view(x.shape, axes, None, s, sharded=sharded_axes(x))

@@ -446,10 +446,9 @@ moments_about.defjvp(_textbook_jvp(moments_about))
 
 def converted_apart(raw, dtype, n=2, *salt):
   """``n`` conversions of ``raw`` to ``dtype``, each of its own output of one barrier
-  (:func:`kept_apart`): each reduction then reads the half-precision input itself, not a
-  float32 copy written out for all (items 20, 21 and 56). ``salt``: arrays passed through
-  the same barrier, returned after the copies (the statistics' shifts: without, CSE merges
-  this barrier with the derivative's of the same x)."""
+  (:func:`kept_apart`): each reduction reads the half-precision input, not a float32 copy
+  (items 20, 21, 56). ``salt``: arrays through the same barrier, returned after the copies
+  (the statistics' shifts: without, CSE merged it with the derivative's of the same x)."""
   if not jnp.issubdtype(raw.dtype, jnp.floating):
     raw = raw.astype(dtype)  # (integers and bools are not half precision)
   if raw.dtype == dtype:
@@ -459,10 +458,9 @@ def converted_apart(raw, dtype, n=2, *salt):
 
 
 def kept_apart(*arrays):
-  """``arrays``, on XLA:CPU as one optimization barrier's outputs, which CSE keeps apart (not
-  two barriers of one array): a full-size expression that two YNNPACK reductions share, which
-  fuse only a producer of theirs alone, is written out (``benchmarks/RESULTS.md``, item 56).
-  As they are where shard_map types them apart (a barrier's outputs share one)."""
+  """``arrays``, on XLA:CPU as one barrier's outputs, which CSE keeps apart: a full-size
+  expression two YNNPACK reductions share is written out (``benchmarks/RESULTS.md``, item
+  56). As they are where shard_map types them apart (a barrier's outputs share one)."""
   if len({getattr(jax.typeof(a), "vma", None) for a in arrays}) > 1:
     return arrays
   return lax.platform_dependent(
