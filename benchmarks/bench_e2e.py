@@ -26,8 +26,12 @@ import os
 
 import jax
 
-# 8 CPU devices for the data-parallel step (on an accelerator, its own devices are used).
-jax.config.update("jax_num_cpu_devices", 8)
+# 8 CPU devices for the data-parallel step (on an accelerator, its own devices are used;
+# imported after JAX has started, as gpu_suite.py does, the devices it has).
+try:
+  jax.config.update("jax_num_cpu_devices", 8)
+except RuntimeError:
+  pass
 
 import flax.linen as nn  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -227,23 +227,37 @@ def build(kind, x, dtype, cot, libs=None, pallas=False):
     x_in, cot_in = inputs_of[name]
     fwd_bwd = forward_backward(forward)
     out[name] = (jax.jit(forward), jax.jit(fwd_bwd), (params, x_in, rest), cot_in)
-  _check_peers(kind, out, dtype)
+  for name in _check_peers(kind, out, dtype):
+    del out[name]
   return out
+
+
+# Implementations left out of a run for a wrong output: "name kind: error" (gpu_suite.py
+# records them; a device run is too scarce to lose to one wrong peer).
+EXCLUDED: list[str] = []
 
 
 def _check_peers(kind, impls, dtype):
   """Every implementation computes Flax's output (to the dtype's rounding): a timing of
-  something else would mean nothing."""
+  something else would mean nothing. jaxnorm's own XLA path must; another that does not is
+  named in :data:`EXCLUDED`, and its name returned, to be left out."""
   fwd, _, args, _ = impls["flax"]
   want = jax.tree_util.tree_leaves(fwd(*args))[0]
   tol = 2e-4 if dtype == jnp.float32 else 6e-2
+  wrong = []
   for name, (fwd, _, args, _) in impls.items():
     got = jax.tree_util.tree_leaves(fwd(*args))[0]
     if got.shape != want.shape:  # (channels first)
       got = jnp.moveaxis(got, 1, -1)
     err = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32))))
     if not err <= tol:
-      raise AssertionError(f"{name} {kind}: max |y − flax's y| = {err:.3g} > {tol}")
+      message = f"{name} {kind}: max |y − flax's y| = {err:.3g} > {tol}"
+      if name == "jaxnorm":
+        raise AssertionError(message)
+      print("left out, wrong output:", message, flush=True)
+      EXCLUDED.append(message)
+      wrong.append(name)
+  return wrong
 
 
 def floors(x):

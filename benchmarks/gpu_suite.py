@@ -206,7 +206,8 @@ def markdown(meta, rows, steps, skipped):
   for r in rows:
     faults = "—" if r["faults_per_call"] is None else f"{r['faults_per_call']:.0f}"
     lines.append(
-      f"| {r['shape_name']} | {r['norm']} | {r['dtype']} | {r['pass_']} | {r['impl']} "
+      f"| {r['shape_name']} ({'×'.join(map(str, r['shape']))}) | {r['norm']} | {r['dtype']} "
+      f"| {r['pass_']} | {r['impl']} "
       f"| {r['device_us']:.1f} | {r['wall_us']:.1f} | {faults} | {r['x_floor']:.2f} "
       f"| {r['to_flax']:.3f} | {r['model_gb_s']:.0f} | {r['of_copy']:.2f} | {r['cache']} |"
     )
@@ -220,6 +221,8 @@ def markdown(meta, rows, steps, skipped):
       )
   if skipped:
     lines += ["", "Skipped (budget): " + "; ".join(skipped)]
+  if meta.get("excluded"):
+    lines += ["", "Left out for a wrong output: " + "; ".join(meta["excluded"])]
   return "\n".join(lines) + "\n"
 
 
@@ -254,26 +257,32 @@ def main(argv=None):
     rows += case
     best = {r["pass_"]: r["to_flax"] for r in case if r["impl"] == "jaxnorm"}
     print(f"{name}: jaxnorm/Flax {best}", flush=True)
-  steps = [] if args.no_steps or args.smoke else measure_steps(n)
   import flax
 
-  meta = dict(
-    device=f"{device.platform}: {device.device_kind}",
-    jax=jax.__version__,
-    flax=flax.__version__,
-    method=rows[0]["method"] if rows else "none",
-    copy_gb_s=copy_bw / 1e9,
-    l2=devtime.l2_bytes(device),
-    iterations=n,
-    smoke=args.smoke,
-    seconds=time.perf_counter() - start,
-  )
-  out = args.out or os.path.join(os.path.dirname(__file__), "results", device_name(device))
-  os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, "gpu_suite.json"), "w") as f:
-    json.dump(dict(meta=meta, rows=rows, steps=steps, skipped=skipped), f, indent=1)
-  with open(os.path.join(out, "gpu_suite.md"), "w") as f:
-    f.write(markdown(meta, rows, steps, skipped))
+  def write(steps):
+    meta = dict(
+      device=f"{device.platform}: {device.device_kind}",
+      jax=jax.__version__,
+      flax=flax.__version__,
+      method=rows[0]["method"] if rows else "none",
+      copy_gb_s=copy_bw / 1e9,
+      l2=devtime.l2_bytes(device),
+      iterations=n,
+      smoke=args.smoke,
+      seconds=time.perf_counter() - start,
+      excluded=list(bench_norms.EXCLUDED),
+    )
+    out = args.out or os.path.join(os.path.dirname(__file__), "results", device_name(device))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gpu_suite.json"), "w") as f:
+      json.dump(dict(meta=meta, rows=rows, steps=steps, skipped=skipped), f, indent=1)
+    with open(os.path.join(out, "gpu_suite.md"), "w") as f:
+      f.write(markdown(meta, rows, steps, skipped))
+    return meta, out
+
+  write([])  # (the norms' rows are kept should a whole step fail)
+  steps = [] if args.no_steps or args.smoke else measure_steps(n)
+  meta, out = write(steps)
   print(f"wrote {out}/gpu_suite.json and gpu_suite.md in {meta['seconds']:.0f} s", flush=True)
   return meta, rows
 

@@ -113,43 +113,82 @@ def _power_of_2_scale(a):
   return lax.bitcast_convert_type((127 - exponent) << 23, jnp.float32)
 
 
-def _valid(x: Any, spec: RowSpec, mask_ref: Any) -> Any:
+def _valid(x: Any, spec: RowSpec, mask_ref: Any, block: Any = None) -> Any:
   col = lax.broadcasted_iota(jnp.int32, x.shape, 1)
   valid = col < spec.d
   if mask_ref is not None:
-    valid = valid & (mask_ref[...] != 0)
+    valid = valid & (_get(mask_ref, block) != 0)
   return valid
 
 
-def _forward_kernel(*refs: Any, spec: RowSpec) -> None:
+def _bounds(shape: tuple[int, ...], d: int, rows: int | None = None, br: int = 0) -> Any:
+  """Which positions of a block (rows ``br`` at a time, columns padded to ``DP``) lie
+  inside the array of ``rows`` rows (None: a block of shared parameters) and ``d``
+  columns."""
+  inside = lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1) < d
+  if rows is not None:
+    row = pl.program_id(0) * br + lax.broadcasted_iota(jnp.int32, shape, 0)
+    inside = inside & (row < rows)
+  return inside
+
+
+def _get(ref: Any, inside: Any) -> Any:
+  """``ref[...]``; on Triton (``inside`` given) masked to the array: Triton neither masks nor
+  pads an access past the array's edge, and a padded row's tail is the next row's head."""
+  if inside is None:
+    return ref[...]
+  from jax.experimental.pallas import triton as plgpu
+
+  return plgpu.load(ref, mask=inside(ref.shape), other=jnp.zeros((), ref.dtype))
+
+
+def _put(ref: Any, value: Any, inside: Any) -> None:
+  """``ref[...] = value``, masked like :func:`_get` (unmasked, the padding would overwrite
+  the next row's output, and the last block's would write past the array)."""
+  if inside is None:
+    ref[...] = value
+  else:
+    from jax.experimental.pallas import triton as plgpu
+
+    plgpu.store(ref, value, mask=inside(ref.shape))
+
+
+def _forward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int, masked: bool) -> None:
   r = _unpack(refs, spec, ("x", "residual", "scale", "bias", "mask", "eps"), ("y", "h"))
-  x = r["x"][...]
+  block = functools.partial(_bounds, d=spec.d, rows=rows, br=br) if masked else None
+  shared = functools.partial(_bounds, d=spec.d) if masked else None
+  x = _get(r["x"], block)
   if spec.has_residual:
-    h = x.astype(r["h"].dtype) + r["residual"][...].astype(r["h"].dtype)
-    r["h"][...] = h
+    h = x.astype(r["h"].dtype) + _get(r["residual"], block).astype(r["h"].dtype)
+    _put(r["h"], h, block)
     x = h
   x = x.astype(jnp.float32)
-  valid = _valid(x, spec, r.get("mask"))
-  xs, mean, rs, _, _, _ = _row_statistics(x, valid, r["eps"][0, 0], spec)
+  valid = _valid(x, spec, r.get("mask"), block)
+  xs, mean, rs, _, _, _ = _row_statistics(x, valid, _get(r["eps"], shared), spec)
   y = (xs - mean) * rs
   if spec.has_scale:
-    y = y * r["scale"][...].astype(jnp.float32)
+    y = y * _get(r["scale"], shared).astype(jnp.float32)
   if spec.has_bias:
-    y = y + r["bias"][...].astype(jnp.float32)
-  r["y"][...] = y.astype(r["y"].dtype)
+    y = y + _get(r["bias"], shared).astype(jnp.float32)
+  _put(r["y"], y.astype(r["y"].dtype), block)
 
 
-def _backward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int) -> None:
+def _backward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int, masked: bool) -> None:
   r = _unpack(refs, spec, ("x", "scale", "mask", "eps", "dy", "dh"), ("dx", "dscale", "dbias"))
-  x = r["x"][...].astype(jnp.float32)
-  valid = _valid(x, spec, r.get("mask"))
+  block = functools.partial(_bounds, d=spec.d, rows=rows, br=br) if masked else None
+  shared = functools.partial(_bounds, d=spec.d) if masked else None
+  x = _get(r["x"], block).astype(jnp.float32)
+  valid = _valid(x, spec, r.get("mask"), block)
   if spec.has_mask:  # garbage padding (NaN, inf) must not reach the sums of g·x̂ and dy·x̂
     x = jnp.where(valid | jnp.isfinite(x), x, 0.0)
-  xs, mean, rs, s, inv_n, std = _row_statistics(x, valid, r["eps"][0, 0], spec)
+  xs, mean, rs, s, inv_n, std = _row_statistics(x, valid, _get(r["eps"], shared), spec)
   columns = lax.broadcasted_iota(jnp.int32, x.shape, 1) < spec.d
   xhat = jnp.where(columns, (xs - mean) * rs, 0.0)
-  dy = jnp.where(columns, r["dy"][...].astype(jnp.float32), 0.0)
-  g = jnp.where(columns, dy * r["scale"][...].astype(jnp.float32), 0.0) if spec.has_scale else dy
+  dy = jnp.where(columns, _get(r["dy"], block).astype(jnp.float32), 0.0)
+  if spec.has_scale:
+    g = jnp.where(columns, dy * _get(r["scale"], shared).astype(jnp.float32), 0.0)
+  else:
+    g = dy
   # dx = r·g − [valid]·(r·mean(g) − c·x̂·mean(g·x̂)), the means over all positions divided
   # by the valid count; r = s·r' and c = −r in the root, −1/σ = −s/sqrt(var') outside it.
   rstd = rs * s
@@ -160,13 +199,13 @@ def _backward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int) -> None:
     correction = correction + rstd * jnp.sum(g, axis=1, keepdims=True) * inv_n
   dx = rstd * g - jnp.where(valid, correction, 0.0)
   if spec.has_residual:
-    dx = dx + r["dh"][...].astype(jnp.float32)
-  r["dx"][...] = dx.astype(r["dx"].dtype)
+    dx = dx + _get(r["dh"], block).astype(jnp.float32)
+  _put(r["dx"], dx.astype(r["dx"].dtype), block)
   live = (pl.program_id(0) * br + lax.broadcasted_iota(jnp.int32, x.shape, 0)) < rows
   if spec.has_scale:
-    r["dscale"][...] = jnp.sum(jnp.where(live, dy * xhat, 0.0), axis=0)[None, None]
+    _put(r["dscale"], jnp.sum(jnp.where(live, dy * xhat, 0.0), axis=0)[None, None], shared)
   if spec.has_bias:
-    r["dbias"][...] = jnp.sum(jnp.where(live, dy, 0.0), axis=0)[None, None]
+    _put(r["dbias"], jnp.sum(jnp.where(live, dy, 0.0), axis=0)[None, None], shared)
 
 
 def _row_block(br: int, dp: int) -> pl.BlockSpec:
@@ -190,7 +229,7 @@ def _forward_on(platform, spec, x, residual, scale, bias, mask, eps, y_dtype, h_
     out_shape.append(jax.ShapeDtypeStruct(x.shape, h_dtype))
     out_blocks.append(_row_block(br, dp))
   outs = pl.pallas_call(
-    functools.partial(_forward_kernel, spec=spec),
+    functools.partial(_forward_kernel, spec=spec, rows=rows, br=br, masked=platform != "tpu"),
     out_shape=tuple(out_shape),
     grid=(pl.cdiv(rows, br),),
     in_specs=[b for b, k in zip(blocks, keep, strict=False) if k],
@@ -218,7 +257,7 @@ def _backward_on(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype):
       out_shape.append(partial)
       out_blocks.append(partial_block)
   outs = pl.pallas_call(
-    functools.partial(_backward_kernel, spec=spec, rows=rows, br=br),
+    functools.partial(_backward_kernel, spec=spec, rows=rows, br=br, masked=platform != "tpu"),
     out_shape=tuple(out_shape),
     grid=(nb,),
     in_specs=[b for b, k in zip(blocks, keep, strict=False) if k],

@@ -26,3 +26,35 @@ def test_device_names():
     platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
 
   assert gpu_suite.device_name(H100) == "nvidia-h100-80gb-hbm3"
+
+
+def test_a_wrong_peer_is_left_out_and_named():
+  """A device run is too scarce to lose to one wrong implementation: it is named and left
+  out; jaxnorm's own XLA path being wrong still stops the run."""
+  import jax.numpy as jnp
+  import pytest
+
+  from benchmarks import bench_norms
+
+  x = jnp.arange(4.0)
+  impls = {
+    "flax": (lambda x: x, None, (x,), None),
+    "jaxnorm": (lambda x: x, None, (x,), None),
+    "jaxnorm-pallas": (lambda x: x + 1, None, (x,), None),
+  }
+  assert bench_norms._check_peers("layer", impls, jnp.float32) == ["jaxnorm-pallas"]
+  assert "jaxnorm-pallas layer: max |y − flax's y| = 1" in bench_norms.EXCLUDED[-1]
+  impls["jaxnorm"] = impls.pop("jaxnorm-pallas")
+  with pytest.raises(AssertionError, match="jaxnorm layer"):
+    bench_norms._check_peers("layer", impls, jnp.float32)
+
+
+def test_pallas_device_check_smoke(tmp_path):
+  """``benchmarks/pallas_device_check.py --smoke``: the kernels' check against float64 runs
+  on the CPU (interpreted), so that it works the day a device is lent."""
+  from benchmarks import pallas_device_check
+
+  assert pallas_device_check.main(["--smoke", "--out", str(tmp_path)])
+  saved = json.loads((tmp_path / "pallas_device_check.json").read_text())
+  assert len(saved["rows"]) == len(pallas_device_check.SMOKE)
+  assert all(r["pallas_vs_float64"] < 1e-5 for r in saved["rows"])
