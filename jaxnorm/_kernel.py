@@ -310,12 +310,12 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   gs: Any = (1.0, 1.0) if scale is None else kept_apart(v(scale), v(scale))
   ga, gb = (sharded_like(g, xv) for g in gs)
   factor, shift = ga * p, gb * _fusion_barrier(rv, -rv * dmean)
-  gterm, (ma, mg) = None, kept_apart(meanv, meanv)  # (a shared μ's broadcast: written out)
+  gterm, rs_moves, (ma, mg) = None, False, kept_apart(meanv, meanv)  # (μ's broadcast, twice)
   if dscale is not None:
     dscalev = v(dscale).astype(acc)
     if jnp.size(rv * dscalev) < xv.size:  # r·γ̇ is per feature (BatchNorm, CNN layouts)
       rs = rv * dscalev  # Σẏ·x then shares the reduction of the statistics' derivative
-      factor, moved[4] = factor + rs, moved[4] or moved[1]  # (the factor moves with γ̇)
+      factor, rs_moves = factor + rs, moved[1]  # (the factor then moves with γ̇)
     else:
       gterm = ((xg - mg) * rv if cfg.center else xg * rv) * dscalev
   xc = xa - ma if cfg.center else xa
@@ -324,7 +324,7 @@ def _affine_normalize_jvp(cfg, primals, tangents):
   viewed = viewed if split else [sum(viewed[1:], viewed[0])]
   parts = [dx * (gamma * r)] + [jnp.broadcast_to(t, xv.shape).reshape(x.shape) for t in viewed]
   parts += [] if dbias is None else [dbias]
-  linear = [moved[0], moved[0] or moved[4]] + [moved[0]] * cfg.center
+  linear = [moved[0], moved[0] or moved[4] or rs_moves] + [moved[0]] * cfg.center
   linear += [moved[1]] * (gterm is not None) + [moved[2]]
   dy = _summed_apart(parts, linear, x.shape, y.dtype, acc, split)
   dmean, dvar = dmean.reshape(mean.shape).astype(mean.dtype), (2.0 * cov).reshape(mean.shape)
