@@ -16,10 +16,13 @@ Shapes, named (``SUITE``): Llama rows (tokens × 4096, × 8192, bfloat16), GPT-2
 modern norms Flax lacks (AdaLN and modulated RMSNorm at DiT-XL's tokens, DyT at Llama's
 rows), whose ``/Flax`` column is against the hand-written ``jnp`` form (``bench_modern.py``).
 
-Raw results (JSON and a Markdown table, with the device's name) go to
-``benchmarks/results/<device>/``; ``--budget`` seconds bound the run (cases in ``SUITE``'s
-order, the rest listed as skipped); ``--smoke`` runs tiny shapes on the CPU in seconds
-(``tests/test_gpu_suite.py``), so that the suite never rots between GPU runs.
+First, ``pallas_device_check.py``: the Pallas kernels' outputs and gradients against
+float64 on the device (its JSON beside the suite's; a kernel with a wrong output is then
+left out of the timings and named). Raw results (JSON and a Markdown table, with the
+device's name) go to ``benchmarks/results/<device>/``; ``--budget`` seconds bound the run
+(cases in ``SUITE``'s order, the rest listed as skipped); ``--smoke`` runs tiny shapes on
+the CPU in seconds (``tests/test_gpu_suite.py``), so that the suite never rots between GPU
+runs.
 
   python benchmarks/gpu_suite.py [--smoke] [--budget 420] [--out DIR] [--no-steps]
 """
@@ -40,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_modern  # noqa: E402
 import bench_norms  # noqa: E402
 import devtime  # noqa: E402
+import pallas_device_check  # noqa: E402
 import peers  # noqa: E402
 
 BF16, F32 = jnp.bfloat16, jnp.float32
@@ -221,6 +225,8 @@ def markdown(meta, rows, steps, skipped):
       )
   if skipped:
     lines += ["", "Skipped (budget): " + "; ".join(skipped)]
+  if meta.get("pallas_check_ok") is False:
+    lines += ["", "The Pallas kernels failed `pallas_device_check.py` (its JSON beside this)."]
   if meta.get("excluded"):
     lines += ["", "Left out for a wrong output: " + "; ".join(meta["excluded"])]
   return "\n".join(lines) + "\n"
@@ -243,6 +249,11 @@ def main(argv=None):
   libs = {} if args.smoke else peers.available()
   copy_bw = copy_bandwidth((1 << 20) if args.smoke else (1 << 30), n, min_seconds)
   print(f"{device.device_kind}: copy {copy_bw / 1e9:.0f} GB/s", flush=True)
+  out = args.out or os.path.join(os.path.dirname(__file__), "results", device_name(device))
+  os.makedirs(out, exist_ok=True)
+  checked = None  # (the Pallas kernels' outputs against float64 first: on a CPU, the smoke's)
+  if args.smoke or device.platform != "cpu":
+    checked = pallas_device_check.main((["--smoke"] if args.smoke else []) + ["--out", out])
   rows, skipped = [], []
   for label, kind, shape, dtype in suite:
     name = f"{label} {kind} {jnp.dtype(dtype).name}"
@@ -271,18 +282,17 @@ def main(argv=None):
       smoke=args.smoke,
       seconds=time.perf_counter() - start,
       excluded=list(bench_norms.EXCLUDED),
+      pallas_check_ok=checked,
     )
-    out = args.out or os.path.join(os.path.dirname(__file__), "results", device_name(device))
-    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "gpu_suite.json"), "w") as f:
       json.dump(dict(meta=meta, rows=rows, steps=steps, skipped=skipped), f, indent=1)
     with open(os.path.join(out, "gpu_suite.md"), "w") as f:
       f.write(markdown(meta, rows, steps, skipped))
-    return meta, out
+    return meta
 
   write([])  # (the norms' rows are kept should a whole step fail)
   steps = [] if args.no_steps or args.smoke else measure_steps(n)
-  meta, out = write(steps)
+  meta = write(steps)
   print(f"wrote {out}/gpu_suite.json and gpu_suite.md in {meta['seconds']:.0f} s", flush=True)
   return meta, rows
 

@@ -10,6 +10,7 @@ def test_smoke_run_writes_every_case(tmp_path):
   meta, rows = gpu_suite.main(["--smoke", "--out", str(tmp_path)])
   saved = json.loads((tmp_path / "gpu_suite.json").read_text())
   assert saved["meta"]["smoke"] and saved["rows"] == json.loads(json.dumps(rows))
+  assert saved["meta"]["pallas_check_ok"] and (tmp_path / "pallas_device_check.json").exists()
   assert (tmp_path / "gpu_suite.md").read_text().startswith("# Device-timed suite: cpu")
   impls = {(r["norm"], r["pass_"], r["impl"]) for r in rows}
   for _, kind, _, _ in gpu_suite.SMOKE:
