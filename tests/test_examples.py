@@ -301,6 +301,10 @@ def test_seed_study_resumes_and_reports(tmp_path, monkeypatch):
   assert study.main(["qk_norm", "--report", "--json", path]) == study.qk_norm_table(
     study.load(path)
   )
+  full = [dict(r, seed=s) for s in range(20) for r in study.load(path) if r["seed"] == 0]
+  table = study.qk_norm_table(full)  # (all 20 seeds: the reading says no "so far")
+  assert "Seeds 0–19," in table and "so far" not in table
+  assert "`python examples/seed_study.py qk_norm --seeds 20`" in table
 
   dit = [dict(config="--models token --dim 80", seed=s, val_loss=0.15 + s / 100,
               class_accuracy=0.8 - s / 10, parameters=327284, seconds=1.0,
