@@ -132,6 +132,15 @@ def _bounds(shape: tuple[int, ...], d: int, rows: int | None = None, br: int = 0
   return inside
 
 
+def _masks(spec: RowSpec, rows: int, br: int, masked: bool) -> tuple[Any, Any]:
+  """The ``inside`` of :func:`_get`/:func:`_put` for the row blocks and for the shared
+  parameters' blocks: :func:`_bounds` where ``masked`` (Triton), else None for both."""
+  if not masked:
+    return None, None
+  rows_block = functools.partial(_bounds, d=spec.d, rows=rows, br=br)
+  return rows_block, functools.partial(_bounds, d=spec.d)
+
+
 def _get(ref: Any, inside: Any) -> Any:
   """``ref[...]``; on Triton (``inside`` given) masked to the array: Triton neither masks nor
   pads an access past the array's edge, and a padded row's tail is the next row's head."""
@@ -155,8 +164,7 @@ def _put(ref: Any, value: Any, inside: Any) -> None:
 
 def _forward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int, masked: bool) -> None:
   r = _unpack(refs, spec, ("x", "residual", "scale", "bias", "mask", "eps"), ("y", "h"))
-  block = functools.partial(_bounds, d=spec.d, rows=rows, br=br) if masked else None
-  shared = functools.partial(_bounds, d=spec.d) if masked else None
+  block, shared = _masks(spec, rows, br, masked)
   x = _get(r["x"], block)
   if spec.has_residual:
     h = x.astype(r["h"].dtype) + _get(r["residual"], block).astype(r["h"].dtype)
@@ -175,8 +183,7 @@ def _forward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int, masked: bool)
 
 def _backward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int, masked: bool) -> None:
   r = _unpack(refs, spec, ("x", "scale", "mask", "eps", "dy", "dh"), ("dx", "dscale", "dbias"))
-  block = functools.partial(_bounds, d=spec.d, rows=rows, br=br) if masked else None
-  shared = functools.partial(_bounds, d=spec.d) if masked else None
+  block, shared = _masks(spec, rows, br, masked)
   x = _get(r["x"], block).astype(jnp.float32)
   valid = _valid(x, spec, r.get("mask"), block)
   if spec.has_mask:  # garbage padding (NaN, inf) must not reach the sums of g·x̂ and dy·x̂
