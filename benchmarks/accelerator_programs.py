@@ -204,8 +204,7 @@ def modern(mesh: Mesh, platform: str):
       if kind == "renorm":
         forms = {}
         for name, module in (
-          ("jaxnorm", jaxnorm.BatchRenorm(use_running_average=False, warmup_steps=0,
-                                          r_max_steps=None, d_max_steps=None, dtype=dt)),
+          ("jaxnorm", jaxnorm.BatchRenorm(use_running_average=False, dtype=dt)),
           ("flax", nn.BatchNorm(use_running_average=False, dtype=dt)),
         ):  # fmt: skip
           variables = abstract(jax.eval_shape(module.init, jax.random.key(0), x))
@@ -214,6 +213,7 @@ def modern(mesh: Mesh, platform: str):
             lambda p, x, _, m=module: m.apply({**p[1], "params": p[0]}, x, mutable=list(p[1]))[0],
             (variables["params"], rest),
           )
+        forms["by hand"] = (renorm_by_hand, forms["jaxnorm"][1])
       else:
         params = abstract(bench_modern.params_for(kind, shape, rng))
         written = bench_modern.forms(kind)
@@ -233,6 +233,26 @@ def modern(mesh: Mesh, platform: str):
         f"| {kind} | {'×'.join(map(str, shape))} | {dtype} | " + " | ".join(cells) + " |",
         flush=True,
       )
+
+
+def renorm_by_hand(p, x, _=None, epsilon=1e-5):
+  """Batch Renorm's training output as a Flax user writes it without jaxnorm (Flax has
+  none): Flax BatchNorm's one-pass statistics, the paper's ``r`` and ``d`` at
+  :func:`jaxnorm.renorm_limits` of the step counter; ``p`` is ``(params, batch_stats)``
+  of :class:`jaxnorm.BatchRenorm`."""
+  (params, rest), axes = p, tuple(range(x.ndim - 1))
+  xf = x.astype(jnp.float32)
+  mean = xf.mean(axes, keepdims=True)
+  var = jnp.maximum((xf * xf).mean(axes, keepdims=True) - mean * mean, 0.0)
+  running, gamma, beta = (
+    a.reshape(mean.shape) for a in (rest["batch_stats"]["mean"], params["scale"], params["bias"])
+  )
+  r_max, d_max = jaxnorm.renorm_limits(rest["batch_stats"]["steps"])
+  sigma = jnp.sqrt(rest["batch_stats"]["var"].reshape(mean.shape) + epsilon)
+  r = jax.lax.stop_gradient(jnp.clip(jnp.sqrt(var + epsilon) / sigma, 1 / r_max, r_max))
+  d = jax.lax.stop_gradient(jnp.clip((mean - running) / sigma, -d_max, d_max))
+  y = (xf - mean) * jax.lax.rsqrt(var + epsilon) * r + d
+  return (y * gamma + beta).astype(x.dtype)
 
 
 SHARDED = [  # (norm, shape, layout) on 4 chips: issue 43's point 2
@@ -299,7 +319,8 @@ def main():
   if args.modern:
     print(f"# {mesh.devices.flat[0].device_kind}: modern norms ({versions})\n")
     print("jaxnorm / Flax's norm, then the modulation / the hand-written two-pass form; DyT")
-    print("jaxnorm / its jnp form; Batch Renorm's training step against Flax's BatchNorm's.\n")
+    print("jaxnorm / its jnp form; Batch Renorm's training step against Flax's BatchNorm's and")
+    print("Batch Renorm written by hand on Flax's one-pass statistics (renorm_by_hand).\n")
     return modern(mesh, args.platform)
   print(f"# {mesh.devices.flat[0].device_kind}: jaxnorm / Flax / Flax two-pass ({versions})\n")
   print("Kernels: top-level operations other than bookkeeping; bytes over |x|.\n")

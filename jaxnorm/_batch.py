@@ -767,11 +767,12 @@ def renorm_training(steps: Any, **schedule: Any) -> Training:
   check_renorm_schedule(**schedule)  # (now, not when the limits are traced)
 
   def limits(var):
-    # (the step on the running variance's shape, 0·var being 0 for a finite var: the
-    # schedule then runs in the small arrays' kernel, not as XLA:TPU's scalar
-    # instructions: 6 kernels forward against 11, RESULTS item 53)
-    step = jnp.asarray(steps, jnp.float32) + 0.0 * var.astype(jnp.float32)
-    return renorm_limits(step, **schedule)
+    # (the step on the running variance's shape, added and converted there: the schedule
+    # then runs in the small arrays' kernel, not as XLA:TPU's scalar instructions: 5
+    # kernels forward against 11, RESULTS items 53 and 58; 0·var's NaN converts to 0)
+    step = jnp.asarray(steps)
+    zero = (0.0 * var.astype(jnp.float32)).astype(step.dtype)
+    return renorm_limits((step + zero).astype(jnp.float32), **schedule)
 
   return _renorm(limits)
 
