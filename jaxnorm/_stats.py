@@ -14,7 +14,7 @@ The engine (``benchmarks/RESULTS.md``, items 38-39, 47 and 52 give the figures):
   of x, as Flax's ``Σx ∥ Σx²``, exact, partitioned by GSPMD with nothing custom in the
   program (on a mesh, in blocks whose sums are gathered in one collective: :func:`_merged`).
   XLA:GPU's column reductions take plain sums shifted by two elements, each group's
-  first two, instead (it writes a variadic column reduction's operands out), and
+  first and last, instead (it writes a variadic column reduction's operands out), and
   XLA:TPU's Add & LayerNorm plain sums around the mean of each row's first 128 elements
   (:func:`moments_about`: the residual add then fuses with them, as with Flax's sums).
 - XLA:CPU, one device: ``Σx ∥ Σx²`` checked, with an exact second pass when the check
@@ -314,20 +314,16 @@ def _merged_sums(raw, axes, dtype):
   return _merged(parts, axes, _mesh_size(raw))
 
 
-def _two_shifts(raw, axes, dtype, per_outer=False, barrier=False):
+def _two_shifts(raw, axes, dtype, per_outer=False):
   """``(n, a, s₁, s₂)`` as :func:`_merged_sums`, by :func:`_shifted_parts` with each kept
-  index's first two elements (one shared ``x − a`` XLA:GPU wrote out: 5|x| against 3|x|),
-  sliced from ``raw`` itself (not from a converted copy); with ``barrier``, as one slice
-  (XLA:GPU made two slices two kernels where its output used them too, item 59). With
-  ``per_outer`` (on a mesh), a pair per index of the first reduced axis, the sums over
-  the others merged over it: GSPMD keeps the shifts on their shard, one gather combines
-  the shards (two broadcasts and 4 all-reduces for a BatchNorm over 4 GPUs otherwise)."""
+  index's first and last elements (one shared ``x − a`` XLA:GPU wrote out: 5|x| against
+  3|x| at 8 × 64 × 64 × 320), sliced from ``raw`` itself (no converted copy of a
+  half-precision input written out). With ``per_outer`` (on a mesh), one pair of shifts
+  per index of the first reduced axis, the sums over the others, merged over it: where
+  GSPMD shards that axis the shifts stay on their shard, and one gather combines the
+  shards (two broadcasts and 4 all-reduces for a BatchNorm over 4 GPUs otherwise)."""
   inner = axes[1:] if per_outer and len(axes) > 1 else axes
-  at = max((a for a in inner if raw.shape[a] > 1), default=None)
-  ends = [2 if a == at else 1 if a in inner else n for a, n in enumerate(raw.shape)]
-  k = lax.slice(raw, (0,) * raw.ndim, ends).astype(dtype)
-  k = lax.optimization_barrier(k) if barrier else k
-  ab = (k, k) if at is None else tuple(lax.slice_in_dim(k, i, i + 1, axis=at) for i in (0, 1))
+  ab = tuple(s.astype(dtype) for s in shifts(raw, inner))
   parts = _shifted_parts(raw.astype(dtype), inner, None, ab)
   return parts if inner == axes else _merged(parts, axes[:1], _mesh_size(raw))
 
@@ -370,8 +366,7 @@ def _differentiated(raw, axes, groups, dtype):
   if raw.ndim - 1 in axes or set(sharded_axes(raw)) & set(axes):
     parts = merged(raw)  # (explicit sharding cannot slice one element of a sharded axis)
   else:
-    gpu = functools.partial(_two_shifts, axes=axes, dtype=dtype, per_outer=on_mesh(raw),
-                            barrier=groups is None)  # fmt: skip
+    gpu = functools.partial(_two_shifts, axes=axes, dtype=dtype, per_outer=on_mesh(raw))
     parts = lax.platform_dependent(raw, cuda=gpu, rocm=gpu, default=merged)
   return _moments_of(parts, groups)
 
@@ -487,7 +482,8 @@ def _checked_moments(raw, dtype, axes, inv_n):
   x, other = converted_apart(raw, dtype)
   mean = group_sum(x, axes) * inv_n
   fast = jnp.maximum(group_sum(other * other, axes) * inv_n - mean * mean, 0)
-  limit = 2e-6 / float(jnp.finfo(dtype).eps)  # (``initial``: inputs with no group at all)
+  limit = 2e-6 / float(jnp.finfo(dtype).eps)
+  # One small reduction (``initial`` covers inputs with no group at all).
   well_conditioned = jnp.max(mean * mean - limit * fast, initial=-jnp.inf) <= 0
 
   def two_pass(operands):
@@ -498,7 +494,11 @@ def _checked_moments(raw, dtype, axes, inv_n):
     var = jnp.maximum(group_sum(other_d * other_d, axes) * inv_n - shift * shift, 0)
     return mean + shift, var
 
-  return lax.cond(well_conditioned, lambda ops: ops[1:], two_pass, (raw, mean, fast))
+  def one_pass(operands):
+    _, mean, fast = operands
+    return mean, fast
+
+  return lax.cond(well_conditioned, one_pass, two_pass, (raw, mean, fast))
 
 
 def _two_pass(x, axes, groups, inv_n, valid=None, center=True, about=None, raw=None):

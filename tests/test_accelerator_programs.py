@@ -184,19 +184,18 @@ def test_tpu_add_layer_norm_derivatives(rng, tpu_branch):
   assert np.abs(expected[1]).max() > 0.1  # (a non-trivial second derivative)
 
 
-@pytest.mark.parametrize("barrier", [False, True], ids=["slices", "barrier"])
 @pytest.mark.parametrize("per_outer", [False, True], ids=["one_device", "mesh"])
 @pytest.mark.parametrize("groups", [None, (3, 4)], ids=["channels", "groups"])
-def test_gpu_column_statistics_exact_far_off_centre(rng, groups, per_outer, barrier):
+def test_gpu_column_statistics_exact_far_off_centre(rng, groups, per_outer):
   """XLA:GPU's column statistics (plain sums shifted by two elements of each group, where a
   variadic column reduction would write its operands out; on a mesh, per index of the
-  first reduced axis, merged over it; the two shifts sliced apart or behind one barrier)
-  at 1e4 ± 1: mean and variance as the float64 reference's."""
+  first reduced axis, merged over it) at 1e4 ± 1: mean and variance as the float64
+  reference's."""
   x = rng.normal(1e4, 1.0, (16, 6, 6, 8)).astype(np.float32)
   axes = (0, 1, 2) if groups is None else (1, 2)
   mean, var = jax.jit(
     lambda x: jaxnorm._stats._moments_of(
-      jaxnorm._stats._two_shifts(x, axes, x.dtype, per_outer, barrier), groups
+      jaxnorm._stats._two_shifts(x, axes, x.dtype, per_outer), groups
     )
   )(x)
   x64 = x.astype(np.float64)
@@ -211,16 +210,13 @@ def test_gpu_column_statistics_exact_far_off_centre(rng, groups, per_outer, barr
   np.testing.assert_allclose(var, v.reshape(var.shape), rtol=1e-5)
 
 
-@pytest.mark.parametrize("barrier", [False, True], ids=["slices", "barrier"])
-def test_gpu_column_statistics_of_channel_groups_alone(rng, barrier):
+def test_gpu_column_statistics_of_channel_groups_alone(rng):
   """XLA:GPU's column statistics where no axis but the channel groups' is reduced (a
   GroupNorm over (batch, channels)): each element is its own shift, the groups merged
   exactly at 1e4 ± 1."""
   x = rng.normal(1e4, 1.0, (16, 8)).astype(np.float32)
   mean, var = jax.jit(
-    lambda x: jaxnorm._stats._moments_of(
-      jaxnorm._stats._two_shifts(x, (), x.dtype, False, barrier), (1, 4)
-    )
+    lambda x: jaxnorm._stats._moments_of(jaxnorm._stats._two_shifts(x, (), x.dtype), (1, 4))
   )(x)
   x64 = x.astype(np.float64).reshape(16, 4, 2)
   m, v = (np.repeat(t, 2, axis=-1) for t in (x64.mean(-1), x64.var(-1)))
