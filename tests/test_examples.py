@@ -326,6 +326,37 @@ def test_guides_quote_the_seed_studies():
       assert " ".join(piece.split()) in " ".join(guide.split()), (name, piece)
 
 
+def test_norm_comparison_page_and_which_norm_follow_the_committed_runs(tmp_path):
+  """docs/studies/norm_comparison.md is what ``compare_norms.py --report`` writes from the
+  committed runs (20 seeds of each Transformer configuration), and which_norm.md quotes
+  their Transformer figures."""
+  import compare_norms as study
+
+  docs = os.path.join(os.path.dirname(__file__), "..", "docs")
+  runs = os.path.join(docs, "studies", "norm_comparison.json")
+  study.main(["--report", runs, "--out", str(tmp_path)])
+  with open(os.path.join(docs, "studies", "norm_comparison.md")) as f:
+    committed = f.read()
+  # (line 3 names the machine that rewrote the page)
+  assert (tmp_path / "norm_comparison.md").read_text().split("\n")[3:] == committed.split("\n")[3:]
+  with open(runs) as f:
+    tf = json.load(f)["transformer"]
+  assert {len(r) for r in tf.values()} == {20}
+  with open(os.path.join(docs, "which_norm.md")) as f:
+    guide = " ".join(f.read().split())
+  final = {k: np.array([r["final_loss"] for r in v]) for k, v in tf.items()}
+  ln, rms, post_ln, post_rms = (
+    final[k] for k in ("layer-pre", "rms-pre", "layer-post", "rms-post")
+  )
+  assert (
+    f"({ln.mean():.3f} and {rms.mean():.3f} Pre-LN, RMSNorm lower in {(rms < ln).sum()} of 20 "
+    f"seeds; {post_ln.mean():.3f} and {post_rms.mean():.3f} Post-LN, in "
+    f"{(post_rms < post_ln).sum()} of 20;" in guide
+  )
+  every = np.concatenate(list(final.values()))
+  assert f"every seed within {every.min():.2f}–{every.max():.2f})" in guide
+
+
 def test_small_batch_study_runs_a_tiny_grid(monkeypatch):
   import small_batch_study as study
 
