@@ -97,10 +97,21 @@ def tensor_to_numpy(value: Any) -> np.ndarray:
   if on_meta(value):
     raise ValueError(f"a tensor of shape {tuple(value.shape)} is {META_DEVICE}")
   if hasattr(value, "detach"):
-    value = value.detach().cpu()
-    if str(value.dtype) == "torch.bfloat16":
-      return value.float().numpy().astype(jnp.bfloat16)
-    return value.numpy().copy()
+    kind = type(value).__name__
+    try:
+      value = value.detach().cpu()
+      if str(value.dtype) == "torch.bfloat16":
+        return value.float().numpy().astype(jnp.bfloat16)
+      return value.numpy().copy()
+    except (RuntimeError, TypeError) as error:  # a tensor subclass that holds no values
+      raise ValueError(
+        f"a {kind} of shape {tuple(value.shape)} cannot be read as an array ({error}). "
+        f"A DTensor (FSDP2's fully_shard, tensor parallelism) holds one shard: pass "
+        f"tensor.full_tensor(), or a full state_dict (torch.distributed.checkpoint."
+        f"state_dict.get_model_state_dict(model, options=StateDictOptions("
+        f"full_state_dict=True, cpu_offload=True))); a FakeTensor holds no values: load "
+        f"the real weights first."
+      ) from None
   return np.asarray(value)
 
 

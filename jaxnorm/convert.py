@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from jaxnorm import _convert_identify as identify
 from jaxnorm._convert_layers import META_DEVICE, TorchWrapped, on_meta, wrapped_from_torch
 from jaxnorm._convert_layers import tensor_to_numpy as _numpy
 from jaxnorm._dtypes import promote, real_dtype
@@ -120,7 +121,10 @@ _KEYS = {
 }
 _FAMILIES = {"SyncBatchNorm": "BatchNorm", "DynamicTanh": "DyT"}
 _DEFAULTS = dict(eps=TORCH_EPS, momentum=0.1, num_groups=None, normalized_shape=None,
-                 num_features=None)  # fmt: skip
+                 num_features=None, zero_centered_scale=False)  # fmt: skip
+# Classes named by their maths alone, whatever code base defines them (DyT's reference
+# class lives in users' code; its learned alpha says what it is).
+_ANY_ORIGIN = frozenset({"DynamicTanh", "DyT", "LigerDyT"})
 # The module attributes read from a PyTorch module, by from_torch's option they fill.
 _ATTRIBUTES = {
   "eps": "eps",
@@ -144,6 +148,9 @@ class TorchNorm(NamedTuple):
     activation: what the PyTorch module applies after the norm and the converted layer
       does not (timm's ``BatchNormAct2d(act_layer=nn.SiLU)``: ``"SiLU"``; its
       ``drop_layer`` too), for the caller to apply; None for a plain norm.
+    identified: for a class jaxnorm does not know by name (transformers' ``LlamaRMSNorm``,
+      a look-alike of a PyTorch class), the form its ``forward`` was measured to compute
+      (``"RMSNorm, x·(1 + w) over the last axis, ε = 1e-06"``); None otherwise.
   """
 
   module: str
@@ -151,6 +158,7 @@ class TorchNorm(NamedTuple):
   nnx_kwargs: dict
   variables: dict
   activation: str | None = None
+  identified: str | None = None
 
   def linen(self) -> Any:
     """The Linen module (apply it with :attr:`variables`)."""
@@ -187,41 +195,56 @@ def torch_epsilon(eps: float | None, dtype: Any = jnp.float32) -> float:
 def torch_kind(module: Any) -> str | None:
   """The kind (one of ``KINDS``) of a PyTorch module, by its class or, for a subclass of a
   norm (timm's ``BatchNormAct2d``, ``GroupNorm1``), its base classes; ``ALIASES`` name
-  other libraries' classes. None for a module that is no norm jaxnorm converts."""
+  other libraries' classes. None for a module that is no norm jaxnorm knows by name (a
+  norm-like one, such as transformers' ``LlamaRMSNorm``, is identified by running it:
+  :func:`from_torch`)."""
   return _match(module)[0]
 
 
-def _match(module: Any) -> tuple[str | None, tuple[type, ...]]:
-  """:func:`torch_kind`, and the classes of ``module``'s hierarchy below the one that
-  named the kind (its subclasses, whose own ``forward`` may compute something else)."""
+def _match(module: Any) -> tuple[str | None, tuple[type, ...], type | None]:
+  """:func:`torch_kind`, the classes of ``module``'s hierarchy below the one that named
+  the kind (its subclasses, whose own ``forward`` may compute something else), and that
+  class."""
   mro = type(module).__mro__
   for i, cls in enumerate(mro):
     if cls.__name__ in ALIASES:
-      return ALIASES[cls.__name__], mro[:i]
+      return ALIASES[cls.__name__], mro[:i], cls
     if cls.__name__ in KINDS:
-      return cls.__name__, mro[:i]
-  return None, ()
+      return cls.__name__, mro[:i], cls
+  return None, (), None
 
 
 def _label(prefix: str | None) -> str:
   return "the module" if prefix is None else repr(prefix)
 
 
-def _check_module(module: Any, kind: str, below: tuple[type, ...], prefix: str | None) -> None:
-  """Refuses what would convert wrongly in silence: a subclass that computes in its own
-  ``forward`` what jaxnorm does not know, forward hooks (the module's or PyTorch's global
-  ones), and tensors on PyTorch's meta device."""
-  cls = type(module).__name__
+def _unknown_maths(module: Any) -> str | None:
+  """Why the class name cannot say what ``module`` computes, or None where it can: no
+  known name; a known name from another code base (the ConvNeXt repository's
+  ``LayerNorm(data_format="channels_first")``, gemma_pytorch's ``RMSNorm``: x·(1 + w)); a
+  subclass with its own ``forward``; a ``forward`` replaced on the instance."""
+  kind, below, named = _match(module)
+  if kind is None or named is None:
+    return "no norm jaxnorm knows by name"
+  if "forward" in getattr(module, "__dict__", {}):
+    return "its forward is replaced on the instance"
   for sub in below:
     own = [m for m in ("forward", "_forward") if m in vars(sub)]
     if own and sub.__name__ not in _SAME_MATHS:
-      raise ValueError(
-        f"{_label(prefix)} is a {cls}, a subclass of {kind} whose class {sub.__name__} "
-        f"defines its own {own[0]}: jaxnorm cannot tell what it computes (it may normalize "
-        f"other axes than {kind}'s), so it does not convert it as a {kind}. Convert it by "
-        f"hand to the jaxnorm layer that computes what its {own[0]} does"
-        f"{'' if prefix is None else f', or leave it out with skip=[{prefix!r}]'}."
-      )
+      return f"a subclass of {kind} whose class {sub.__name__} defines its own {own[0]}"
+  where = identify.package(named)
+  if named.__name__ not in _ANY_ORIGIN and where not in identify.TRUSTED_PACKAGES:
+    return (
+      f"a {named.__name__} from {named.__module__!r}, not PyTorch's, torchvision's or "
+      f"timm's class of that name"
+    )
+  return None
+
+
+def _check_module(module: Any, prefix: str | None) -> None:
+  """Refuses what would convert wrongly in silence: forward hooks (the module's or
+  PyTorch's global ones) and tensors on PyTorch's meta device."""
+  cls = type(module).__name__
   for what, changes, attr in (("forward hook", "output", "_forward_hooks"),
                               ("forward pre-hook", "input", "_forward_pre_hooks")):  # fmt: skip
     hooks = _hooks(module, attr)
@@ -263,20 +286,25 @@ def _own_entries(module: Any) -> dict[str, Any]:
 
 
 def _norm_like(module: Any) -> bool:
-  """Whether a module jaxnorm does not convert looks like a norm: running statistics of
-  its own, or parameters of its own, "norm" in the name of its class or a base class and
-  no child with parameters (a residual block such as timm's NormFreeBlock is none)."""
+  """Whether a module jaxnorm does not know by name looks like a norm: running statistics
+  of its own; or parameters of its own, "norm" in the name of its class or a base class
+  and no child with parameters (a residual block such as timm's NormFreeBlock is none);
+  or no parameters, no children and a class name ending in "Norm" (transformers'
+  ``OlmoLayerNorm``)."""
   own = _own_entries(module)
   if {"running_mean", "running_var"} & set(own):
     return True
   names = [c.__name__.lower() for c in type(module).__mro__[:-1] if c.__name__ != "Module"]
-  children = [m for _, m in module.named_modules() if m is not module and _own_entries(m)]
-  return bool(own) and not children and any("norm" in n for n in names)
+  children = [m for _, m in module.named_modules() if m is not module]
+  if not own:
+    return not children and names[0].endswith("norm")
+  weighty = [m for m in children if _own_entries(m)]
+  return not weighty and any("norm" in n for n in names)
 
 
-def _unconvertible(module: Any, prefix: str | None) -> ValueError:
+def _unconvertible(module: Any, prefix: str | None, why: str = "") -> ValueError:
   """The error for a norm-like module that cannot be converted, naming it (by its name in
-  the model, ``prefix``, where it has one)."""
+  the model, ``prefix``, where it has one), why (``why``), and the routes that work."""
   cls, label = type(module).__name__, _label(prefix)
   lazy = [k for k, v in _own_entries(module).items() if type(v).__name__.startswith("Uninit")]
   if lazy:
@@ -287,12 +315,18 @@ def _unconvertible(module: Any, prefix: str | None) -> ValueError:
   skip = (
     ""
     if prefix is None
-    else f", or leave it out with skip=[{prefix!r}] (its entries then stay in rest)"
+    else f"; or leave it out with skip=[{prefix!r}] (its entries then stay in rest)"
+  )
+  why = why or (
+    f"it has running statistics or a norm's parameters but is no norm jaxnorm knows by "
+    f"name (PyTorch's {list(KINDS)}, their subclasses, and {sorted(ALIASES)})"
   )
   return ValueError(
-    f"{label} is a {cls}, which has running statistics or a norm's parameters but is no "
-    f"norm jaxnorm converts (PyTorch's {list(KINDS)}, their subclasses, and "
-    f"{sorted(ALIASES)}); convert it by hand{skip}."
+    f"{label} is a {cls} ({type(module).__module__}): {why}. Where you know what it "
+    f"computes, convert its state_dict with from_torch('LayerNorm' or 'RMSNorm', "
+    f"state_dict, eps=..., normalized_shape=..., zero_centered_scale=...) (Gemma's x·(1 + w) "
+    f"is zero_centered_scale=True; a weight per head, normalized_shape=(head_dim,)), or "
+    f"build the jaxnorm layer by hand{skip}."
   )
 
 
@@ -305,6 +339,30 @@ def _carried(module: Any) -> str | None:
     if hasattr(sub, "state_dict") and type(sub).__name__ != "Identity":
       names.append(type(sub).__name__)
   return ", then ".join(names) or None
+
+
+_AS_NAMED = "as its class name says"
+
+
+def _lookalike(module: Any, layer: TorchNorm) -> bool:
+  """Whether a module's class is named as one jaxnorm knows but computes another form,
+  found by running it (the ConvNeXt repository's channels-first ``LayerNorm``)."""
+  named = not isinstance(module, dict) and _match(module)[0] is not None
+  return named and not (layer.identified or _AS_NAMED).endswith(_AS_NAMED)
+
+
+def _lookalike_message(layers: Mapping[str, TorchNorm], sources: Mapping[str, Any]) -> str:
+  shown = "; ".join(
+    f"{p!r} ({type(sources[p]).__name__} from {type(sources[p]).__module__!r}, "
+    f"{_unknown_maths(sources[p])}): {layer.identified}"
+    for p, layer in list(layers.items())[:4]
+  )
+  more = f"; and {len(layers) - 4} more" if len(layers) > 4 else ""
+  return (
+    f"{len(layers)} module(s) named like a norm jaxnorm knows compute another form: "
+    f"converted as what running their forward showed, not as their name says: "
+    f"{shown}{more}. TorchNorm.identified says what each computes."
+  )
 
 
 def _activation_message(carried: Mapping[str, str]) -> str:
@@ -354,25 +412,12 @@ def _check_keys(kind, family, state_dict):
 
 
 def _from_module(module: Any, options: dict, prefix: str | None = None) -> tuple[str, dict]:
-  """The kind, ``state_dict`` and options of a PyTorch module object (duck-typed;
-  ``prefix``: its name in the model, for errors)."""
-  kind, below = _match(module)
-  if kind is None:
-    if _norm_like(module):
-      raise _unconvertible(module, prefix)
-    raise ValueError(
-      f"{_label(prefix)} is a {type(module).__name__}, which is no norm jaxnorm converts "
-      f"(PyTorch's {list(KINDS)}, their subclasses, and {sorted(ALIASES)})."
-    )
-  if any(type(v).__name__.startswith("Uninit") for v in _own_entries(module).values()):
-    raise _unconvertible(module, prefix)
-  _check_module(module, kind, below, prefix)
+  """The kind, ``state_dict`` and options of a PyTorch module whose class name says what
+  it computes (duck-typed; ``prefix``: its name in the model, for errors)."""
+  kind = _match(module)[0]
+  assert kind is not None  # (_module_layer identifies the others)
   state_dict = dict(module.state_dict())
-  for option, names in _ATTRIBUTES.items():
-    for attr in (names,) if isinstance(names, str) else names:
-      if hasattr(module, attr):
-        options[option] = getattr(module, attr)
-        break
+  _read_attributes(module, options)
   affine = getattr(module, "affine", getattr(module, "elementwise_affine", None))
   if affine is not None and bool(affine) != ("weight" in state_dict):
     raise ValueError(
@@ -385,12 +430,78 @@ def _from_module(module: Any, options: dict, prefix: str | None = None) -> tuple
       f"the {kind} has track_running_stats={bool(track)} but its state_dict "
       f"{'lacks' if track else 'has'} 'running_mean'."
     )
-  if options.get("dtype") is None:
-    tensors = [*module.parameters(), *module.buffers()]
-    floats = [t for t in tensors if getattr(t.dtype, "is_floating_point", False)]
-    if floats:
-      options["dtype"] = jnp.dtype(str(floats[0].dtype).removeprefix("torch."))
   return kind, state_dict
+
+
+def _read_attributes(module: Any, options: dict) -> None:
+  """``options`` filled from the module's constructor attributes (``eps``, ...)."""
+  for option, names in _ATTRIBUTES.items():
+    for attr in (names,) if isinstance(names, str) else names:
+      if hasattr(module, attr):
+        options[option] = getattr(module, attr)
+        break
+
+
+def _module_layer(module, options, channels_first, torch_training, prefix):
+  """A PyTorch module converted: by its class name where that says what it computes,
+  else by running its ``forward`` beside each form it may compute
+  (:mod:`jaxnorm._convert_identify`); refused, naming it, where neither can."""
+  if not hasattr(module, "state_dict"):
+    raise TypeError(
+      f"from_torch converts a PyTorch module (anything with state_dict()), or a class name "
+      f"with its state_dict; got a {type(module).__name__} from {type(module).__module__!r}"
+      f"{', which is already a JAX layer' if 'flax' in type(module).__module__ else ''}."
+    )
+  why = _unknown_maths(module)
+  if why is not None and not _norm_like(module):
+    raise ValueError(
+      f"{_label(prefix)} is a {type(module).__name__}, which is no norm jaxnorm converts "
+      f"(PyTorch's {list(KINDS)}, their subclasses, and {sorted(ALIASES)}; other norms "
+      f"where running their forward shows what they compute)."
+    )
+  if any(type(v).__name__.startswith("Uninit") for v in _own_entries(module).values()):
+    raise _unconvertible(module, prefix)
+  _check_module(module, prefix)
+  if why is None:
+    kind, state_dict = _from_module(module, options, prefix)
+    return _convert(kind, state_dict, options, channels_first, torch_training, prefix, module)
+  if not identify.runnable(module):
+    raise _unconvertible(
+      module, prefix, f"{why}; jaxnorm tells what such a module computes only by running it"
+    )
+  extra = identify.extra_inputs(module)
+  if extra:
+    raise _unconvertible(
+      module, prefix,
+      f"{why}, and its forward takes {extra} besides the input (Mamba's gated RMSNorm "
+      f"multiplies x by silu(gate) before normalizing, in groups), which a jaxnorm norm "
+      f"does not. Apply that by hand before a jaxnorm RMSNorm over the groups "
+      f"(x reshaped to (..., groups, group_size), reduction_axes=-1, feature_axes=(-2, -1))",
+    )  # fmt: skip
+  state_dict = dict(module.state_dict())
+  if set(state_dict) <= {"gamma", "beta"}:  # (some codebases' names for weight and bias)
+    state_dict = {{"gamma": "weight", "beta": "bias"}[k]: v for k, v in state_dict.items()}
+  arrays = _arrays(type(module).__name__, state_dict)
+  named = None
+  if _match(module)[0] is not None:  # a PyTorch class with its forward replaced
+    kind, _ = _from_module(module, dict(options), prefix)
+    named = (f"{kind}, {_AS_NAMED}", kind, {})
+  read = dict(options)
+  _read_attributes(module, read)
+
+  def build(kind, form):
+    return _convert(kind, state_dict, {**read, **form}, channels_first, torch_training, prefix)
+
+  layer, description, tried = identify.identify(module, arrays, build, channels_first, named)
+  if layer is None:
+    shown = "; ".join(f"{d}: {r:.2g}" for d, r in tried.items())
+    raise _unconvertible(
+      module, prefix,
+      f"{why}. jaxnorm ran its forward beside each form it could compute (max|Δ|/max|y| on "
+      f"a probe input: {shown or f'none applies to its entries {sorted(arrays)}'}), and "
+      f"none reproduced it",
+    )  # fmt: skip
+  return layer._replace(identified=description)
 
 
 def from_torch(
@@ -405,17 +516,30 @@ def from_torch(
   dtype: Any = None,
   torch_training: bool = True,
   num_features: int | None = None,
+  zero_centered_scale: bool = False,
 ) -> TorchNorm:
   """Converts one PyTorch norm layer: the module itself, or its class name and
   ``state_dict`` with the constructor arguments ``state_dict`` does not hold.
 
   Given the module (``from_torch(model.bn1)``; torch is not imported: its class and base
   classes, ``state_dict()``, ``eps``, ``momentum``, ``num_groups``, ``normalized_shape``,
-  ``affine``/``elementwise_affine``, ``track_running_stats`` and parameters' dtype are
-  read), nothing is copied by hand; a subclass converts as the norm it is (timm's
-  ``BatchNormAct2d`` as a BatchNorm, with a warning that names the activation it also
-  applies, see :attr:`TorchNorm.activation`). Given arrays, every entry is checked: a
-  partial or foreign ``state_dict`` is refused, naming the key.
+  ``affine``/``elementwise_affine`` and ``track_running_stats`` are read), nothing is
+  copied by hand; a subclass converts as the norm it is (timm's ``BatchNormAct2d`` as a
+  BatchNorm, with a warning that names the activation it also applies, see
+  :attr:`TorchNorm.activation`). Given arrays, every entry is checked: a partial or
+  foreign ``state_dict`` is refused, naming the key.
+
+  A module whose class name does not say what it computes is converted by running it:
+  Hugging Face transformers' norms (``LlamaRMSNorm``, ``Qwen3RMSNorm``, Gemma's x·(1 + w)
+  ``GemmaRMSNorm``, ``CohereLayerNorm``'s weight per head, the parameterless
+  ``OlmoLayerNorm``, ...), a class named like PyTorch's from another code base (the
+  ConvNeXt repository's channels-first ``LayerNorm``), a subclass with its own
+  ``forward``, or a ``forward`` replaced on the instance. Each form it may compute
+  (LayerNorm or RMSNorm; trailing axes, a weight per head or the channel axis; x·w or
+  x·(1 + w); its ε from ``eps``/``variance_epsilon``) is run beside it on a probe input
+  whose variance is about ε, and the one that reproduces it is returned, described in
+  :attr:`TorchNorm.identified`; where none does, or its ``forward`` takes a second input
+  (Mamba's ``gate``), it is refused, naming what was tried.
 
   Args:
     kind: a PyTorch norm module (an instance), or its class name: one of
@@ -430,18 +554,26 @@ def from_torch(
     momentum: the BatchNorm's PyTorch momentum (default 0.1; ``None``: cumulative; for
       an InstanceNorm ``None`` means PyTorch's 0, running statistics that never move).
     num_groups: GroupNorm's number of groups (required for ``GroupNorm``).
-    normalized_shape: LayerNorm/RMSNorm's shape when they have no ``weight``.
+    normalized_shape: LayerNorm/RMSNorm's normalized shape, the trailing axes the
+      statistics are over: needed without a ``weight``; shorter than the weight's shape
+      for a weight per head (Cohere's QK-norm: weight ``(heads, head_dim)``,
+      ``normalized_shape=(head_dim,)``).
     channels_first: inputs stay channels-first (PyTorch's layout) in JAX: the feature
       axis of BatchNorm, InstanceNorm, GroupNorm and LayerNorm2d is 1 (False: -1, for
       inputs transposed to NHWC). LayerNorm and RMSNorm normalize the trailing
       ``normalized_shape`` axes in PyTorch, whatever the layout: it does not apply.
-    dtype: the activations' dtype (for ``RMSNorm(eps=None)`` and the module's ``dtype``);
-      default: the parameters' dtype, else float32.
+    dtype: the layer's ``dtype`` (its output's and computation's); default None: the
+      input's and the parameters' promoted, as PyTorch's output (bfloat16 weights on
+      float32 activations give float32). ``RMSNorm(eps=None)`` takes the machine epsilon
+      of this dtype, else of the parameters'.
     torch_training: BatchNorm trains with PyTorch's convention (unbiased running
       variance and the ``num_batches_tracked`` counter; ``momentum=None`` as PyTorch's
       cumulative average). False gives Flax's.
     num_features: the number of channels, for a layer without parameters or running
       statistics (e.g. ``InstanceNorm``'s default ``affine=False``), which NNX needs.
+    zero_centered_scale: an RMSNorm that multiplies by ``1 + w`` (Gemma, Gemma 2 and 3's
+      ``GemmaRMSNorm``), with the weight stored zero-centred as Gemma's checkpoints
+      hold it.
 
   Returns:
     A :class:`TorchNorm`. A BatchNorm without running statistics
@@ -451,10 +583,12 @@ def from_torch(
   Raises:
     ValueError: for an unknown kind, unexpected, missing or inconsistent ``state_dict``
       entries (``num_batches_tracked`` without running statistics), arrays of
-      inconsistent shapes, a missing constructor argument (named), an uninitialised
-      lazy module, a subclass with its own unknown ``forward``, a forward hook or
-      pre-hook, or tensors on the meta device.
-    TypeError: for a class instead of a module or a class name.
+      inconsistent shapes, integer parameters, a missing constructor argument (named), an
+      uninitialised lazy module, a module whose maths neither its class name nor running
+      it identifies, a forward hook or pre-hook, tensors on the meta device, or tensors
+      that hold no values here (DTensor shards, FakeTensors).
+    TypeError: for a class instead of a module or a class name, or an object that is no
+      PyTorch module (a Flax layer).
 
   Warns:
     UserWarning: for a module that applies an activation (or a drop layer) after its
@@ -468,6 +602,7 @@ def from_torch(
   """
   options = dict(eps=eps, momentum=momentum, num_groups=num_groups, dtype=dtype)
   options.update(normalized_shape=normalized_shape, num_features=num_features)
+  options.update(zero_centered_scale=zero_centered_scale)
   if isinstance(kind, type):
     raise TypeError(
       f"from_torch takes a PyTorch norm module, an instance (from_torch(model.bn1), or "
@@ -478,13 +613,16 @@ def from_torch(
   layer = _convert(kind, state_dict, options, channels_first, torch_training)
   if layer.activation is not None:
     warnings.warn(_activation_message({type(kind).__name__: layer.activation}), stacklevel=2)
+  if not isinstance(kind, str) and _lookalike(kind, layer):
+    warnings.warn(_lookalike_message({"the module": layer}, {"the module": kind}), stacklevel=2)
   return layer
 
 
-def _convert(kind, state_dict, options, channels_first, torch_training, prefix=None):
+def _convert(kind, state_dict, options, channels_first, torch_training, prefix=None, source=None):
   """:func:`from_torch`'s conversion, without its warning (``prefix``: the module's name
-  in the model, for errors)."""
-  carried = source = None
+  in the model, for errors; ``source``: the module a class name and state_dict come
+  from, for the attributes only a module has: DyT's layout, LocalResponseNorm's size)."""
+  carried = None
   if not isinstance(kind, str):
     given = [k for k, v in options.items() if k != "dtype" and v != _DEFAULTS[k]]
     if state_dict is not None or given:
@@ -493,15 +631,19 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
         f"itself; got {'a state_dict' if state_dict is not None else given} as well. Pass "
         f"them only with a class name: from_torch('BatchNorm2d', state_dict, eps=...)."
       )
-    carried = _carried(kind)
-    source = kind
-    kind, state_dict = _from_module(kind, options, prefix)
+    layer = _module_layer(kind, options, channels_first, torch_training, prefix)
+    return layer._replace(activation=layer.activation or _carried(kind))
   if kind not in KINDS:
     raise ValueError(f"kind must be one of {KINDS} (PyTorch's class name), got {kind!r}.")
   if state_dict is None:
     raise TypeError(f"from_torch({kind!r}, ...) needs the layer's state_dict.")
   family = _family(kind)
-  arrays = {k: _numpy(v) for k, v in state_dict.items() if v is not None}
+  arrays = _arrays(kind, state_dict)
+  if options.get("zero_centered_scale") and kind not in ("RMSNorm", "RMSNorm2d"):
+    raise ValueError(
+      f"zero_centered_scale=True (Gemma's x·(1 + w)) is an RMSNorm option; got it for a "
+      f"{kind}. Pass kind='RMSNorm' for Gemma's norms."
+    )
   if family == "DyT":  # (Liger's names)
     arrays = {{"gamma": "weight", "beta": "bias"}.get(k, k): v for k, v in arrays.items()}
   _check_keys(kind, family, arrays)  # (a None entry counts as missing)
@@ -518,8 +660,10 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
   channel = 1 if channels_first else -1
   params = {k: v for k, v in (("scale", weight), ("bias", bias)) if v is not None}
   common = dict(use_scale=weight is not None, use_bias=bias is not None, param_dtype=param_dtype)
-  if act != jnp.float32:
-    common["dtype"] = act
+  if dtype is not None:  # else the output's dtype is the input's and the parameters'
+    common["dtype"] = act  # promoted, as PyTorch's (bfloat16 weights, float32 x: float32)
+  if options.get("zero_centered_scale"):
+    common["zero_centered_scale"] = True
   c = options["num_features"]
   if family in ("BatchNorm", "FrozenBatchNorm", "InstanceNorm", "GroupNorm"):
     c = _features(kind, arrays, c)
@@ -570,16 +714,43 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
       f"{kind} without a weight (elementwise_affine=False) needs normalized_shape=, "
       f"its constructor's first argument."
     )
+  features = shape
   for name in ("weight", "bias"):
-    if name in arrays and arrays[name].shape != shape:
+    have = arrays[name].shape if name in arrays else None
+    if have is not None and (len(have) < len(shape) or have[len(have) - len(shape) :] != shape):
       raise ValueError(
-        f"{kind}'s {name} has shape {arrays[name].shape}, but normalized_shape is {shape}."
+        f"{kind}'s {name} has shape {have}, but normalized_shape is {shape}: the weight's "
+        f"shape is normalized_shape, or ends with it (a weight per head: Cohere's QK-norm, "
+        f"weight (heads, head_dim), normalized_shape=(head_dim,))."
       )
+    features = have or features
   axes = tuple(range(-len(shape), 0))
-  kw = dict(reduction_axes=axes, feature_axes=axes, epsilon=torch_epsilon(eps, act), **common)
-  nnx_kw = dict(num_features=math.prod(shape), **kw)
+  kw = dict(reduction_axes=axes, feature_axes=tuple(range(-len(features), 0)),
+            epsilon=torch_epsilon(eps, act), **common)  # fmt: skip
+  nnx_kw = dict(num_features=math.prod(features), **kw)
   module = "RMSNorm" if kind == "RMSNorm" else "LayerNorm"
   return TorchNorm(module, kw, nnx_kw, _vars(params), carried)
+
+
+def _arrays(kind: str, state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """A layer's entries as NumPy arrays (a None entry counts as missing), each named in
+  the error if it cannot be read; parameters and statistics must be floating-point."""
+  arrays = {}
+  for key, value in state_dict.items():
+    if value is None:
+      continue
+    try:
+      arrays[key] = _numpy(value)
+    except ValueError as error:
+      raise ValueError(f"{kind}'s entry {key!r}: {error}") from None
+    floating = jnp.issubdtype(arrays[key].dtype, jnp.inexact)
+    if key != "num_batches_tracked" and arrays[key].size and not floating:
+      raise ValueError(
+        f"{kind}'s entry {key!r} has dtype {arrays[key].dtype}; a norm's parameters and "
+        f"statistics are floating-point (PyTorch computes in float32 or wider). Pass the "
+        f"float tensor (a quantized checkpoint: dequantize it first)."
+      )
+  return arrays
 
 
 def _pointwise(kind, family, arrays, source, channels_first):
@@ -760,9 +931,7 @@ def norms_from_state_dict(
         continue
       module = not isinstance(source, dict)
       found = torch_kind(source) if module else kind
-      if module and found is None and _norm_like(source):
-        raise _unconvertible(source, prefix)
-      if module and found is None and kind is None:
+      if module and found is None and kind is None and not _norm_like(source):
         continue  # a path-only rule matches a model's norms only
       if not module and kind is None:
         raise ValueError(f"rule {pattern!r} needs (kind, flax_path) for a state_dict.")
@@ -804,5 +973,10 @@ def norms_from_state_dict(
   carried = {origin[p]: layer.activation for p, layer in layers.items() if layer.activation}
   if carried:
     warnings.warn(_activation_message(carried), stacklevel=2)
+  lookalikes = {
+    origin[p]: layer for p, layer in layers.items() if _lookalike(sources[origin[p]], layer)
+  }
+  if lookalikes:
+    warnings.warn(_lookalike_message(lookalikes, sources), stacklevel=2)
   variables = traverse_util.unflatten_dict(flat)
   return variables, layers, [k for k in state_dict if k not in used]

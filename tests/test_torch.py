@@ -165,6 +165,7 @@ def _module(kind, state_dict, **attributes):
     parameters=lambda self: [],
     buffers=lambda self: [],
     named_modules=lambda self: [],
+    __module__="torch.nn.modules",  # (PyTorch's class, as convert tells one)
   )
   module = type(kind, (), methods)()
   for name, value in attributes.items():

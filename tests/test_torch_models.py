@@ -131,6 +131,23 @@ class EvoNorm2dB0(Module):  # timm: a norm jaxnorm does not convert
   ...
 
 
+# The stand-ins are their libraries' classes as jaxnorm.convert tells a class: by its name
+# and the package that defines it (a class named like PyTorch's from elsewhere is a
+# look-alike, converted only by running it).
+for _cls, _package in (
+  (BatchNorm2d, "torch.nn.modules.batchnorm"), (GroupNorm, "torch.nn.modules.normalization"),
+  (LayerNorm, "torch.nn.modules.normalization"), (Conv2d, "torch.nn.modules.conv"),
+  (Sequential, "torch.nn.modules.container"), (SiLU, "torch.nn.modules.activation"),
+  (Identity, "torch.nn.modules.linear"), (BatchNormAct2d, "timm.layers.norm_act"),
+  (GroupNorm1, "timm.layers.norm"), (GroupNorm1NoBias, "timm.layers.norm"),
+  (LayerNormExp2d, "timm.layers.norm"), (NormFreeBlock, "timm.models.nfnet"),
+  (LayerNorm2d, "timm.layers.norm"), (RmsNorm, "timm.layers.norm"),
+  (RmsNorm2d, "timm.layers.norm"), (FrozenBatchNorm2d, "torchvision.ops.misc"),
+  (LazyBatchNorm2d, "torch.nn.modules.batchnorm"), (EvoNorm2dB0, "timm.layers.evo_norm"),
+):  # fmt: skip
+  _cls.__module__ = _package
+
+
 def _channels(mean=0.0, scale=1.0):
   return (RNG.normal(mean, scale, C)).astype(np.float32)
 
@@ -376,7 +393,8 @@ def test_a_subclass_with_its_own_forward_is_refused_by_name(module):
   """The same rule for every base: a subclass whose forward (or _forward) is its own and
   that jaxnorm does not know may compute anything; it converted as its base."""
   cls = type(module).__name__
-  with pytest.raises(ValueError, match=rf"the module is a {cls}, a subclass of .* defines its own"):
+  own = rf"the module is a {cls} \(tests.test_torch_models\): a subclass of .* defines its own"
+  with pytest.raises(ValueError, match=own):
     convert.from_torch(module)
   model = Sequential(children={"block": Sequential(children={"norm": module})})
   with pytest.raises(ValueError, match=rf"'block.norm' is a {cls}.*skip=\['block.norm'\]"):
