@@ -26,9 +26,15 @@ widely used ones do not:
   as NCHW; with ``channels_first=False`` (inputs transposed to NHWC) it is -1. LayerNorm
   and RMSNorm normalize trailing axes in PyTorch in either layout; timm's and
   torchvision's ``LayerNorm2d`` (ConvNeXt) normalizes the channel axis;
-- **what would convert wrongly in silence** is refused by name: a subclass whose own
-  ``forward`` jaxnorm does not know, forward hooks and pre-hooks (global ones too),
-  tensors on the meta device; a rule that converts nothing is named in a warning.
+- **classes whose name says nothing reliable** (Hugging Face transformers' norms, a
+  class named like PyTorch's from another code base, a subclass with its own
+  ``forward``, a ``forward`` replaced on the instance) are run beside the forms they may
+  compute and converted as the one that reproduces them (``jaxnorm._convert_identify``,
+  :attr:`TorchNorm.identified`), or refused by name;
+- **what would convert wrongly in silence** is refused by name: forward hooks and
+  pre-hooks (global ones too), tensors on the meta device or without values (DTensor
+  shards, FakeTensors), integer weights; a rule that converts nothing is named in a
+  warning.
 """
 
 from __future__ import annotations
@@ -445,7 +451,7 @@ def _read_attributes(module: Any, options: dict) -> None:
 def _module_layer(module, options, channels_first, torch_training, prefix):
   """A PyTorch module converted: by its class name where that says what it computes,
   else by running its ``forward`` beside each form it may compute
-  (:mod:`jaxnorm._convert_identify`); refused, naming it, where neither can."""
+  (``jaxnorm._convert_identify``); refused, naming it, where neither can."""
   if not hasattr(module, "state_dict"):
     raise TypeError(
       f"from_torch converts a PyTorch module (anything with state_dict()), or a class name "
@@ -490,7 +496,8 @@ def _module_layer(module, options, channels_first, torch_training, prefix):
   _read_attributes(module, read)
 
   def build(kind, form):
-    return _convert(kind, state_dict, {**read, **form}, channels_first, torch_training, prefix)
+    options = {**read, **form}
+    return _convert(kind, state_dict, options, channels_first, torch_training, prefix, module)
 
   layer, description, tried = identify.identify(module, arrays, build, channels_first, named)
   if layer is None:

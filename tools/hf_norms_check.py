@@ -190,9 +190,12 @@ def _norm_inputs(model, inputs, names):
   """Each converted norm's input in one forward pass (by module name)."""
   seen, hooks = {}, []
   modules = dict(model.named_modules())
-  for name in names:
-    hook = lambda m, a, o, n=name: seen.setdefault(n, a[0].detach().clone())  # noqa: E731
-    hooks.append(modules[name].register_forward_hook(hook))
+  by_module = {modules[name]: name for name in names}
+
+  def keep(module, args, output):  # (returns None: the output passes on unchanged)
+    seen[by_module[module]] = args[0].detach().clone()
+
+  hooks += [m.register_forward_hook(keep) for m in by_module]
   with torch.no_grad():
     model(**inputs)
   for h in hooks:

@@ -27,7 +27,8 @@ def _inputs(model, shape):
   seen, hooks = {}, []
   for name, module in model.named_modules():
     if convert.torch_kind(module) is not None:
-      hooks.append(module.register_forward_hook(lambda m, a, o, n=name: seen.setdefault(n, a[0])))
+      # (a hook that returns a value replaces the module's output: this one returns None)
+      hooks.append(module.register_forward_hook(lambda m, a, o, n=name: seen.update({n: a[0]})))
   with torch.no_grad():
     model(torch.randn(shape))
   for h in hooks:
