@@ -149,7 +149,11 @@ def run_torch(module: Any, x: np.ndarray, dtype: Any) -> np.ndarray:
   torch = sys.modules.get("torch")
   if torch is None or not isinstance(module, torch.nn.Module):
     return np.asarray(module(x.astype(dtype)), np.float64)  # a NumPy stand-in
-  tensor = torch.from_numpy(np.asarray(x, np.float32)).to(getattr(torch, jnp.dtype(dtype).name))
+  held = next(iter([*module.parameters(), *module.buffers()]), None)  # (a GPU module)
+  device = held.device if held is not None else "cpu"
+  tensor = torch.from_numpy(np.asarray(x, np.float32)).to(
+    device, getattr(torch, jnp.dtype(dtype).name)
+  )
   modes = [(m, m.training) for m in module.modules()]
   module.train(False)
   try:
