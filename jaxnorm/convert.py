@@ -487,7 +487,8 @@ def _module_layer(module, options, channels_first, torch_training, prefix):
   state_dict = dict(module.state_dict())
   if set(state_dict) <= {"gamma", "beta"}:  # (some codebases' names for weight and bias)
     state_dict = {{"gamma": "weight", "beta": "bias"}[k]: v for k, v in state_dict.items()}
-  arrays = _arrays(type(module).__name__, state_dict)
+  cls = type(module).__name__
+  arrays = _arrays(cls if prefix is None else f"{prefix!r} ({cls})", state_dict)
   named = None
   if _match(module)[0] is not None:  # a PyTorch class with its forward replaced
     kind, _ = _from_module(module, dict(options), prefix)
@@ -645,7 +646,7 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
   if state_dict is None:
     raise TypeError(f"from_torch({kind!r}, ...) needs the layer's state_dict.")
   family = _family(kind)
-  arrays = _arrays(kind, state_dict)
+  arrays = _arrays(kind if prefix is None else f"{prefix!r} ({kind})", state_dict)
   if options.get("zero_centered_scale") and kind not in ("RMSNorm", "RMSNorm2d"):
     raise ValueError(
       f"zero_centered_scale=True (Gemma's x·(1 + w)) is an RMSNorm option; got it for a "
@@ -918,6 +919,12 @@ def norms_from_state_dict(
     state_dict = dict(model.state_dict())
     # (remove_duplicate=False: a module registered under two names has keys under both)
     sources: dict[str, Any] = dict(model.named_modules(remove_duplicate=False))
+  elif not isinstance(state_dict, Mapping):
+    raise TypeError(
+      f"norms_from_state_dict takes a PyTorch model (anything with named_modules() and "
+      f"state_dict()) or its state_dict (a mapping of names to arrays); got a "
+      f"{type(state_dict).__name__} from {type(state_dict).__module__!r}."
+    )
   else:
     sources = {}
     for key, value in state_dict.items():

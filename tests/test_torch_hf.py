@@ -325,8 +325,18 @@ def test_tensors_without_values_are_named_with_the_fix():
 
 
 def test_a_flax_layer_is_no_pytorch_module():
+  layer = nnx.LayerNorm(4, rngs=nnx.Rngs(0))
   with pytest.raises(TypeError, match=r"got a LayerNorm from 'flax.nnx.*already a JAX layer"):
-    convert.from_torch(nnx.LayerNorm(4, rngs=nnx.Rngs(0)))
+    convert.from_torch(layer)
+  with pytest.raises(TypeError, match=r"a PyTorch model .* or its state_dict .*got a LayerNorm"):
+    convert.norms_from_state_dict(layer, {r"(.*)": r"\1"})
+
+
+def test_an_unreadable_entry_in_a_model_is_named_by_its_path():
+  model = Sequential(children={"norm": _hf("LlamaRMSNorm", variance_epsilon=1e-6)})
+  model.children["norm"].entries["weight"] = _ShardedTensor()
+  with pytest.raises(ValueError, match=r"'norm' \(LlamaRMSNorm\)'s entry 'weight'.*full_tensor"):
+    convert.norms_from_state_dict(model, {r"(.*)": r"\1"})
 
 
 def test_the_probe_does_not_change_the_module():
