@@ -4,8 +4,10 @@ One command for a GPU when one is lent (minutes at a time, rarely): jaxnorm (XLA
 Pallas row kernels), Flax, plain ``jnp`` and the peers that import (Equinox, Haiku,
 tokamax XLA and Triton), forward and forward+backward, each case's device time
 (``devtime.py``: CUPTI on NVIDIA GPUs, else the in-jit loop), its wall clock per call (one
-call, end to end, labelled as such) and its floor (the least traffic a norm can have, timed
-the same way: forward 2|x|, forward+backward 5|x|), model bytes per second and the
+call, end to end, labelled as such) and its floor (the least traffic a norm can have,
+``bench_norms.floor_kernels``: forward 2|x|, forward+backward 5|x|, Add & Norm's with its
+residual; each floor kernel timed on its own and its compiled bytes recorded against the
+traffic it is credited with, ``floor_traffic``), model bytes per second and the
 fraction of the copy bandwidth measured in the same run; then the whole training steps of
 ``bench_e2e.py``, device-timed. Working sets below twice the L2 are labelled "L2-warm".
 
@@ -91,17 +93,6 @@ def copy_bandwidth(nbytes: int, n: int, min_seconds: float) -> float:
   return 2 * x.nbytes / seconds if seconds > 0 else float("nan")
 
 
-def _floor_fns(x0):
-  """The floor's kernels (``bench_norms.floors``) as functions of x, with the traffic they
-  model: forward 2|x|, forward+backward 5|x|."""
-  y = jax.jit(lambda x: x * 1.0001 + 0.5)
-  dx = jax.jit(lambda x, dy: x * dy + dy)
-  return {
-    "forward": (y, (x0,), 2 * x0.nbytes),
-    "fwd+bwd": (jax.jit(lambda x: (y(x), dx(x, x))), (x0,), 5 * x0.nbytes),
-  }
-
-
 def measure_case(
   label, kind, shape, dtype, libs, n, device, copy_bw, min_seconds=0.02, pallas=True
 ):
@@ -109,16 +100,22 @@ def measure_case(
   Flax's, or for the modern norms Flax lacks the hand-written ``jnp`` form's."""
   if kind in bench_modern.KINDS:
     x0, impls = bench_modern.build(kind, shape, dtype)
+    x, cot = x0, x0 * 0.5 + 1
   else:
     x, cot = bench_norms.inputs(kind, shape, dtype)
-    x0 = x[0] if isinstance(x, tuple) else x
     impls = bench_norms.build(kind, x, dtype, cot, libs=libs, pallas=pallas)
+  floors = bench_norms.floor_kernels(x, cot)
   rows = []
   for pass_ in PASSES:
-    floor_fn, floor_args, model_bytes = _floor_fns(x0)[pass_]
-    floor_s, method = devtime.device_time(
-      floor_fn, floor_args, carry=0, n=n, min_seconds=min_seconds
-    )
+    # The floor: each kernel timed on its own (fused, forward and backward would share a
+    # read of x), the times summed; credited with the bytes its compiled program moves.
+    kernels = floors[pass_]
+    floor_s = 0.0
+    for fn, args, _ in kernels:
+      seconds, method = devtime.device_time(fn, args, carry=0, n=n, min_seconds=min_seconds)
+      floor_s += seconds
+    model_bytes = sum(b for _, _, b in kernels)
+    traffic = bench_norms.floor_traffic(kernels)
     times = {}
     for name, (fwd, fwd_bwd, args, cot_in) in impls.items():
       fn, fargs = (fwd, args) if pass_ == "forward" else (fwd_bwd, (*args, cot_in))
@@ -143,6 +140,7 @@ def measure_case(
           wall_us=wall_s * 1e6,
           faults_per_call=faults,
           floor_us=floor_s * 1e6,
+          floor_traffic=traffic,
           x_floor=dev_s / floor_s if floor_s > 0 else float("nan"),
           to_flax=dev_s / flax_s if flax_s > 0 else float("nan"),
           model_gb_s=model_bytes / dev_s / 1e9 if dev_s > 0 else float("nan"),
@@ -199,13 +197,16 @@ def markdown(meta, rows, steps, skipped):
     f"{meta['copy_gb_s']:.0f} GB/s (read + write, same method); L2 {meta['l2']}; "
     f"{meta['seconds']:.0f} s. `device µs`: kernels only (CUPTI) or per iteration of an "
     "in-jit loop; `wall µs`: one call, end to end (dispatch included). `×floor`: against "
-    "a kernel of the least traffic (forward 2|x|, forward+backward 5|x|) timed the same "
-    "way; `GB/s`, `of copy`: that model traffic over the device time; `faults`: minor page "
-    "faults per call on a CPU (first touches of fresh outputs, in the wall clock only).",
+    "kernels of the least traffic (forward 2|x|, forward+backward 5|x|, Add & Norm with its "
+    "residual read and h written; each kernel timed apart, the times summed), timed the "
+    "same way; `floor bytes`: their compiled bytes over that traffic (1.00: each is the "
+    "one fusion it models); `GB/s`, `of copy`: that model traffic over the device time; "
+    "`faults`: minor page faults per call on a CPU (first touches of fresh outputs, in the "
+    "wall clock only).",
     "",
-    "| shape | norm | dtype | pass | impl | device µs | wall µs | faults | ×floor | /Flax "
-    "| GB/s | of copy | cache |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "| shape | norm | dtype | pass | impl | device µs | wall µs | faults | ×floor "
+    "| floor bytes | /Flax | GB/s | of copy | cache |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for r in rows:
     faults = "—" if r["faults_per_call"] is None else f"{r['faults_per_call']:.0f}"
@@ -213,7 +214,8 @@ def markdown(meta, rows, steps, skipped):
       f"| {r['shape_name']} ({'×'.join(map(str, r['shape']))}) | {r['norm']} | {r['dtype']} "
       f"| {r['pass_']} | {r['impl']} "
       f"| {r['device_us']:.1f} | {r['wall_us']:.1f} | {faults} | {r['x_floor']:.2f} "
-      f"| {r['to_flax']:.3f} | {r['model_gb_s']:.0f} | {r['of_copy']:.2f} | {r['cache']} |"
+      f"| {r['floor_traffic']:.2f} | {r['to_flax']:.3f} | {r['model_gb_s']:.0f} "
+      f"| {r['of_copy']:.2f} | {r['cache']} |"
     )
   if steps:
     lines += ["", "| whole step | method | jaxnorm µs | Flax µs | /Flax | wall: jaxnorm, Flax µs |",

@@ -22,6 +22,34 @@ def test_smoke_run_writes_every_case(tmp_path):
     assert r["cache"] == "n/a"
 
 
+def test_the_floor_kernels_move_the_traffic_they_are_credited_with():
+  """The forward+backward floor was one jit of both kernels, which XLA fuses into one that
+  reads x once (3|x|) while it was credited with 5|x|; Add & Norm's was credited with 2|x|
+  and 5|x| without the residual. Each floor kernel's compiled bytes are now its credit,
+  but Add & Norm's on XLA:CPU, which writes h (the backward: the residual's cotangent) and
+  reads it back for the second output (no multi-output fusion on the CPU): the suite
+  records the ratio on the device it runs on."""
+  import jax.numpy as jnp
+
+  from benchmarks import bench_norms
+
+  for kind, dtype in (("rms", jnp.bfloat16), ("add_rms", jnp.bfloat16), ("layer", jnp.float32)):
+    x, cot = bench_norms.inputs(kind, (4, 32, 256), dtype)
+    kernels = bench_norms.floor_kernels(x, cot)
+    x0 = (x[0] if isinstance(x, tuple) else x).nbytes
+    credit = {p: sum(b for _, _, b in k) / x0 for p, k in kernels.items()}
+    if kind == "add_rms":  # x and y bfloat16, the residual, h and dh float32 (2|x| each)
+      assert credit == {"forward": 1 + 2 + 1 + 2, "fwd+bwd": 6 + (2 + 1 + 2) + (1 + 2)}
+    else:
+      assert credit == {"forward": 2, "fwd+bwd": 5}
+    traffic = {p: bench_norms.floor_traffic(k) for p, k in kernels.items()}
+    if kind == "add_rms":  # (on the CPU, a float32 read-back per kernel: 2|x| each)
+      assert abs(traffic["forward"] * 6 - 8) < 0.05, traffic
+      assert abs(traffic["fwd+bwd"] * 14 - 18) < 0.05, traffic
+    else:
+      assert abs(traffic["forward"] - 1) < 0.01 and abs(traffic["fwd+bwd"] - 1) < 0.01, traffic
+
+
 def test_device_names():
   class H100:
     platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
