@@ -19,6 +19,10 @@ stage, a Pre-LN Transformer and a ResNet-50; inference and training step): fusio
 kernels, conditionals and lower and compile time, jaxnorm against Flax, interleaved
 (issue 33's point 3 on XLA:GPU): ``> benchmarks/results/gpu_programs_stacks.md``.
 
+``--pallas`` compiles jaxnorm's Pallas row kernels (``implementation="pallas"``) beside
+its XLA path at the device suite's training shapes: kernels, Triton calls and bytes
+against the least traffic of each pass: ``> benchmarks/results/gpu_programs_pallas.md``.
+
 ``--modern`` compiles the modern norms instead (:mod:`bench_modern`'s forms: DyT, AdaLN and
 modulated RMSNorm, jaxnorm against the hand-written ``jnp`` forms):
 ``> benchmarks/results/gpu_programs_modern.md``.
@@ -26,6 +30,7 @@ modulated RMSNorm, jaxnorm against the hand-written ``jnp`` forms):
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -271,6 +276,67 @@ def stacks(mesh, repeats=7):
       print(f"| {name} | {program} | " + " | ".join(cells) + f" | {ratio:.2f} |", flush=True)
 
 
+# The Pallas row kernels against XLA (issue 55): the suite's training shapes and the
+# issue's (1024 × 1024, 32768 × 2048, 4096 × 16384).
+PALLAS_CASES = [
+  *((k, s, d) for d in ("bfloat16", "float32") for k, s in (
+    ("rms", (8192, 4096)), ("layer", (16384, 768)), ("add_rms", (8192, 4096)),
+    ("layer", (1024, 1024)), ("layer", (32768, 2048)), ("layer", (4096, 16384)),
+  )),
+]  # fmt: skip
+
+
+def _row_norm(kind, implementation, dtype):
+  """A row norm of its input(s) and parameters (γ, and β for LayerNorm), its output in
+  the activations' ``dtype`` (float32 parameters)."""
+  kw = dict(implementation=implementation, dtype=dtype)
+  if kind == "rms":
+    return lambda x, g: jaxnorm.rms_norm(x, g, **kw)
+  if kind == "add_rms":
+    return lambda x, r, g: jaxnorm.add_rms_norm(x, r, g, **kw)
+  return lambda x, g, b: jaxnorm.layer_norm(x, g, b, **kw)
+
+
+def pallas(mesh):
+  """jaxnorm's Pallas row kernels and its XLA path compiled for the H100: kernels (Triton
+  custom calls among them) and the bytes model, against the least traffic of the pass
+  (:func:`bench_norms.floor_kernels`' credit, in |x|)."""
+  print("| norm | shape | dtype | pass | XLA kernels | XLA bytes | Pallas kernels (Triton) "
+        "| Pallas bytes | least traffic |")  # fmt: skip
+  print("|---|---|---|---|---|---|---|---|---|")
+  for kind, shape, dtype in PALLAS_CASES:
+    dt = jnp.dtype(dtype)
+    x, cot = jax.eval_shape(functools.partial(bench_norms.inputs, kind, shape, dt))
+    d = shape[-1]
+    params = [jax.ShapeDtypeStruct((d,), jnp.float32)] * (2 if kind == "layer" else 1)
+    inputs = [*(x if isinstance(x, tuple) else (x,)), *params]
+    x_bytes = shape[0] * d * dt.itemsize
+    floors = {p: sum(b for _, _, b in k) for p, k in bench_norms.floor_kernels(x, cot).items()}
+    for pass_ in ("forward", "fwd+bwd"):
+      cells = []
+      for impl in ("xla", "pallas"):
+        f = _row_norm(kind, impl, dt)
+        if pass_ == "forward":
+          fn = f
+          args = inputs
+        else:
+
+          def fn(*a, f=f):
+            *primals, ct = a
+            y, vjp = jax.vjp(f, *primals)
+            return y, vjp(ct)
+
+          args = [*inputs, cot]
+        text = jax.jit(fn).lower(*_abstract(args, mesh)).compile().as_text()
+        kernels, moved = kernels_and_bytes(text)
+        triton = text.count('custom_call_target="__gpu$xla.gpu.triton"')
+        cells += [f"{kernels}" + (f" ({triton})" if impl == "pallas" else ""),
+                  f"{moved / x_bytes:.2f}"]  # fmt: skip
+      shape_text = "×".join(map(str, shape))
+      print(f"| {kind} | {shape_text} | {dtype} | {pass_} | " + " | ".join(cells)
+            + f" | {floors[pass_] / x_bytes:.2f} |", flush=True)  # fmt: skip
+
+
 def main():
   topology = topologies.get_topology_desc(platform="cuda", target_config=H100, topology="1x1x1")
   mesh = topologies.make_mesh(topology, (1,), ("d",))
@@ -279,6 +345,10 @@ def main():
     print(f"jax {jax.__version__}. The modern norms: jaxnorm / the hand-written jnp form")
     print("(bench_modern.py); kernels and bytes over |x| as below.\n")
     return modern(mesh)
+  if "--pallas" in sys.argv[1:]:
+    print(f"jax {jax.__version__}. jaxnorm's XLA path and its Pallas row kernels; kernels and")
+    print("bytes over |x| as below; the least traffic: bench_norms.floor_kernels' credit.\n")
+    return pallas(mesh)
   if "--stacks" in sys.argv[1:]:
     print(f"jax {jax.__version__}, flax {__import__('flax').__version__}.")
     print("bench_scale.py's model stacks, jaxnorm / Flax: fusions (every fusion instruction),")

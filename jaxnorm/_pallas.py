@@ -14,11 +14,15 @@ memory-bound kernel; rows with ``max|x| < 2`` are not scaled at all. With
 ``r' = 1/sqrt(var(s·x) + ε·s²)`` the output is ``(s·x − mean(s·x))·r'``, which equals
 ``(x − μ)/sqrt(σ² + ε)`` exactly in real arithmetic.
 
-The backward kernel returns ``dx`` (plus the residual's cotangent, added in) and per-block
-partial sums of ``dγ`` and ``dβ``, which the caller sums. On CPU the same kernels run in
-Pallas's interpret mode (the tests), on NVIDIA and AMD GPUs through Triton, on TPU through
-Mosaic; :func:`forward` and :func:`backward` pick the lowering per platform with
-``lax.platform_dependent``, so one exported program carries each.
+The backward kernel returns ``dx`` (plus the residual's cotangent, added in) and partial
+sums of ``dγ`` and ``dβ``, which the caller sums: on GPUs (and in the interpreter) from a
+persistent grid of about as many programs as the GPU has SMs, each looping over its row
+blocks and summing in float32 registers, so the partials are ``(programs, D)`` whatever the
+rows (one row per block, as on TPUs, made them twice the size of x at 4,096 features).
+On CPU the same kernels run in Pallas's interpret mode (the tests), on NVIDIA and AMD GPUs
+through Triton, on TPU through Mosaic; :func:`forward` and :func:`backward` pick the
+lowering per platform with ``lax.platform_dependent``, so one exported program carries
+each.
 """
 
 from __future__ import annotations
@@ -181,21 +185,21 @@ def _forward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int, masked: bool)
   _put(r["y"], y.astype(r["y"].dtype), block)
 
 
-def _backward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int, masked: bool) -> None:
-  r = _unpack(refs, spec, ("x", "scale", "mask", "eps", "dy", "dh"), ("dx", "dscale", "dbias"))
-  block, shared = _masks(spec, rows, br, masked)
-  x = _get(r["x"], block).astype(jnp.float32)
-  valid = _valid(x, spec, r.get("mask"), block)
+def _backward_block(x, dy, dh, scale, mask, eps, live, spec):
+  """One block's backward: ``dx`` (float32) and the block's sums of ``dy·x̂`` and ``dy``
+  over its live rows (``(DP,)`` each); ``x``, ``dy``, ``dh``, ``mask`` ``(BR, DP)``
+  blocks (``dh``, ``mask`` None when absent), ``scale`` ``(1, DP)`` or None, ``live``
+  which rows of the block lie inside the array."""
+  x = x.astype(jnp.float32)
+  col = lax.broadcasted_iota(jnp.int32, x.shape, 1)
+  columns = col < spec.d
+  valid = columns if mask is None else columns & (mask != 0)
   if spec.has_mask:  # garbage padding (NaN, inf) must not reach the sums of g·x̂ and dy·x̂
     x = jnp.where(valid | jnp.isfinite(x), x, 0.0)
-  xs, mean, rs, s, inv_n, std = _row_statistics(x, valid, _get(r["eps"], shared), spec)
-  columns = lax.broadcasted_iota(jnp.int32, x.shape, 1) < spec.d
+  xs, mean, rs, s, inv_n, std = _row_statistics(x, valid, eps, spec)
   xhat = jnp.where(columns, (xs - mean) * rs, 0.0)
-  dy = jnp.where(columns, _get(r["dy"], block).astype(jnp.float32), 0.0)
-  if spec.has_scale:
-    g = jnp.where(columns, dy * _get(r["scale"], shared).astype(jnp.float32), 0.0)
-  else:
-    g = dy
+  dy = jnp.where(columns, dy.astype(jnp.float32), 0.0)
+  g = jnp.where(columns, dy * scale.astype(jnp.float32), 0.0) if spec.has_scale else dy
   # dx = r·g − [valid]·(r·mean(g) − c·x̂·mean(g·x̂)), the means over all positions divided
   # by the valid count; r = s·r' and c = −r in the root, −1/σ = −s/sqrt(var') outside it.
   rstd = rs * s
@@ -206,13 +210,86 @@ def _backward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int, masked: bool
     correction = correction + rstd * jnp.sum(g, axis=1, keepdims=True) * inv_n
   dx = rstd * g - jnp.where(valid, correction, 0.0)
   if spec.has_residual:
-    dx = dx + _get(r["dh"], block).astype(jnp.float32)
-  _put(r["dx"], dx.astype(r["dx"].dtype), block)
+    dx = dx + dh.astype(jnp.float32)
+  dscale = jnp.sum(jnp.where(live, dy * xhat, 0.0), axis=0)
+  dbias = jnp.sum(jnp.where(live, dy, 0.0), axis=0)
+  return dx, dscale, dbias
+
+
+def _backward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int, masked: bool) -> None:
+  """One program per row block (TPU: the grid runs in order on a core), writing the
+  block's partial sums of ``dγ`` and ``dβ``."""
+  r = _unpack(refs, spec, ("x", "scale", "mask", "eps", "dy", "dh"), ("dx", "dscale", "dbias"))
+  block, shared = _masks(spec, rows, br, masked)
+  x = _get(r["x"], block)
   live = (pl.program_id(0) * br + lax.broadcasted_iota(jnp.int32, x.shape, 0)) < rows
+  dx, dscale, dbias = _backward_block(
+    x, _get(r["dy"], block),
+    _get(r["dh"], block) if spec.has_residual else None,
+    _get(r["scale"], shared) if spec.has_scale else None,
+    _get(r["mask"], block) if spec.has_mask else None,
+    _get(r["eps"], shared), live, spec,
+  )  # fmt: skip
+  _put(r["dx"], dx.astype(r["dx"].dtype), block)
   if spec.has_scale:
-    _put(r["dscale"], jnp.sum(jnp.where(live, dy * xhat, 0.0), axis=0)[None, None], shared)
+    _put(r["dscale"], dscale[None, None], shared)
   if spec.has_bias:
-    _put(r["dbias"], jnp.sum(jnp.where(live, dy, 0.0), axis=0)[None, None], shared)
+    _put(r["dbias"], dbias[None, None], shared)
+
+
+def _persistent_backward_kernel(
+  *refs: Any, spec: RowSpec, rows: int, br: int, dp: int, programs: int, masked: bool
+) -> None:
+  """A persistent grid (GPUs): ``programs`` programs, each looping over the row blocks
+  ``pid, pid + programs, ...``, summing ``dγ`` and ``dβ`` in float32 registers and writing
+  one row of ``(programs, D)`` partials, instead of a row per block (at 4,096 features a
+  block is one row: partials twice the size of x). The refs are whole arrays, each access
+  masked to them (Triton) or the arrays padded to whole blocks (the interpreter)."""
+  r = _unpack(refs, spec, ("x", "scale", "mask", "eps", "dy", "dh"), ("dx", "dscale", "dbias"))
+  pid = pl.program_id(0)
+  columns = pl.ds(0, dp)
+
+  def load(ref, index, inside):
+    if not masked:
+      return ref[index]
+    from jax.experimental.pallas import triton as plgpu
+
+    return plgpu.load(ref.at[index], mask=inside, other=jnp.zeros((), ref.dtype))
+
+  def store(ref, index, value, inside):
+    if not masked:
+      ref[index] = value
+    else:
+      from jax.experimental.pallas import triton as plgpu
+
+      plgpu.store(ref.at[index], value, mask=inside)
+
+  in_row = lax.broadcasted_iota(jnp.int32, (1, dp), 1) < spec.d
+  eps = load(r["eps"], (pl.ds(0, 1), pl.ds(0, 1)), None if not masked else jnp.ones((1, 1), bool))
+  scale = load(r["scale"], (pl.ds(0, 1), columns), in_row) if spec.has_scale else None
+
+  def body(i, sums):
+    start = (pid + i * programs) * br
+    index = (pl.ds(start, br), columns)
+    live = (start + lax.broadcasted_iota(jnp.int32, (br, dp), 0)) < rows
+    inside = live & (lax.broadcasted_iota(jnp.int32, (br, dp), 1) < spec.d)
+    dx, dscale, dbias = _backward_block(
+      load(r["x"], index, inside), load(r["dy"], index, inside),
+      load(r["dh"], index, inside) if spec.has_residual else None, scale,
+      load(r["mask"], index, inside) if spec.has_mask else None, eps, live, spec,
+    )  # fmt: skip
+    store(r["dx"], index, dx.astype(r["dx"].dtype), inside)
+    return sums[0] + dscale, sums[1] + dbias
+
+  blocks = pl.cdiv(rows, br)
+  steps = (blocks - pid + programs - 1) // programs
+  zeros = jnp.zeros((dp,), jnp.float32)
+  dscale, dbias = lax.fori_loop(0, steps, body, (zeros, zeros))
+  own = (pl.ds(pid, 1), columns)
+  if spec.has_scale:
+    store(r["dscale"], own, dscale[None], in_row)
+  if spec.has_bias:
+    store(r["dbias"], own, dbias[None], in_row)
 
 
 def _row_block(br: int, dp: int) -> pl.BlockSpec:
@@ -247,7 +324,62 @@ def _forward_on(platform, spec, x, residual, scale, bias, mask, eps, y_dtype, h_
   return outs[0], (outs[1] if spec.has_residual else None)
 
 
+# Programs of the persistent backward grid: about as many as the GPU has SMs (an H100's
+# 132; the rows per program then follow), few in the interpreter so that the tests' blocks
+# loop and the last program's share is short.
+PROGRAMS = {"gpu": 132, "interpret": 3}
+
+
 def _backward_on(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype):
+  if platform == "tpu":
+    return _backward_per_block(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype)
+  rows = x.shape[0]
+  br, dp = _blocks(platform, rows, spec.d)
+  programs = min(PROGRAMS[platform], pl.cdiv(rows, br))
+  masked = platform == "gpu"
+  operands = [x, scale, mask, eps, dy, dh]
+  if not masked:  # the interpreter clamps an access past the edge: whole blocks instead
+    padded = pl.cdiv(rows, br) * br
+    pads = (True, True, True, False, True, True)  # (not ε)
+    operands = [_padded(o, padded if o is not None and o.shape[0] == rows else 1, dp, keep)
+                for o, keep in zip(operands, pads, strict=True)]  # fmt: skip
+  keep = [o is not None for o in operands]
+  row_shape = operands[0].shape
+  width = dp if not masked else spec.d
+  out_shape = [jax.ShapeDtypeStruct(row_shape, dx_dtype)]
+  for present in (spec.has_scale, spec.has_bias):
+    if present:
+      out_shape.append(jax.ShapeDtypeStruct((programs, width), jnp.float32))
+  outs = pl.pallas_call(
+    functools.partial(
+      _persistent_backward_kernel,
+      spec=spec,
+      rows=rows,
+      br=br,
+      dp=dp,
+      programs=programs,
+      masked=masked,
+    ),  # fmt: skip
+    out_shape=tuple(out_shape),
+    grid=(programs,),
+    name="jaxnorm_row_norm_bwd",
+    **_compiler_params(platform, br, dp),
+  )(*(o for o, k in zip(operands, keep, strict=False) if k))
+  outs = list(outs)
+  dx = outs.pop(0)[:rows, : spec.d]
+  dscale = outs.pop(0)[:, : spec.d].sum(0) if spec.has_scale else None
+  dbias = outs.pop(0)[:, : spec.d].sum(0) if spec.has_bias else None
+  return dx, dscale, dbias
+
+
+def _padded(a, rows, dp, pad):
+  """``a`` zero-padded to ``rows`` rows and ``dp`` columns (``pad``), or as it is."""
+  if a is None or not pad:
+    return a
+  return jnp.pad(a, ((0, rows - a.shape[0]), (0, dp - a.shape[1])))
+
+
+def _backward_per_block(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype):
   rows = x.shape[0]
   br, dp = _blocks(platform, rows, spec.d)
   nb = pl.cdiv(rows, br)
