@@ -244,7 +244,7 @@ def _persistent_backward_kernel(
   ``pid, pid + programs, ...``, summing ``dγ`` and ``dβ`` in float32 registers and writing
   one row of ``(programs, D)`` partials, instead of a row per block (at 4,096 features a
   block is one row: partials twice the size of x). The refs are whole arrays, each access
-  masked to them (Triton) or the arrays padded to whole blocks (the interpreter)."""
+  masked to them (Triton; the interpreter pads them to whole blocks)."""
   r = _unpack(refs, spec, ("x", "scale", "mask", "eps", "dy", "dh"), ("dx", "dscale", "dbias"))
   pid = pl.program_id(0)
   columns = pl.ds(0, dp)
@@ -335,48 +335,37 @@ def _backward_on(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype):
     return _backward_per_block(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype)
   rows = x.shape[0]
   br, dp = _blocks(platform, rows, spec.d)
-  programs = min(PROGRAMS[platform], pl.cdiv(rows, br))
-  masked = platform == "gpu"
+  blocks = pl.cdiv(rows, br)
+  programs = min(PROGRAMS[platform], blocks)
+  # Each array is one block of whole row blocks and padded columns, which every program
+  # indexes itself: past the array's edge, Triton's accesses are masked and the
+  # interpreter pads.
+  row = pl.BlockSpec((blocks * br, dp), lambda i: (0, 0))
+  shared, scalar = _shared_block(dp), pl.BlockSpec((1, 1), lambda i: (0, 0))
   operands = [x, scale, mask, eps, dy, dh]
-  if not masked:  # the interpreter clamps an access past the edge: whole blocks instead
-    padded = pl.cdiv(rows, br) * br
-    pads = (True, True, True, False, True, True)  # (not ε)
-    operands = [_padded(o, padded if o is not None and o.shape[0] == rows else 1, dp, keep)
-                for o, keep in zip(operands, pads, strict=True)]  # fmt: skip
   keep = [o is not None for o in operands]
-  row_shape = operands[0].shape
-  width = dp if not masked else spec.d
-  out_shape = [jax.ShapeDtypeStruct(row_shape, dx_dtype)]
+  in_blocks = [row, shared, row, scalar, row, row]
+  out_shape = [jax.ShapeDtypeStruct(x.shape, dx_dtype)]
+  out_blocks = [row]
   for present in (spec.has_scale, spec.has_bias):
     if present:
-      out_shape.append(jax.ShapeDtypeStruct((programs, width), jnp.float32))
+      out_shape.append(jax.ShapeDtypeStruct((programs, spec.d), jnp.float32))
+      out_blocks.append(pl.BlockSpec((programs, dp), lambda i: (0, 0)))
   outs = pl.pallas_call(
-    functools.partial(
-      _persistent_backward_kernel,
-      spec=spec,
-      rows=rows,
-      br=br,
-      dp=dp,
-      programs=programs,
-      masked=masked,
-    ),  # fmt: skip
+    functools.partial(_persistent_backward_kernel, spec=spec, rows=rows, br=br, dp=dp,
+                      programs=programs, masked=platform == "gpu"),  # fmt: skip
     out_shape=tuple(out_shape),
     grid=(programs,),
+    in_specs=[b for b, k in zip(in_blocks, keep, strict=False) if k],
+    out_specs=tuple(out_blocks),
     name="jaxnorm_row_norm_bwd",
     **_compiler_params(platform, br, dp),
   )(*(o for o, k in zip(operands, keep, strict=False) if k))
   outs = list(outs)
-  dx = outs.pop(0)[:rows, : spec.d]
-  dscale = outs.pop(0)[:, : spec.d].sum(0) if spec.has_scale else None
-  dbias = outs.pop(0)[:, : spec.d].sum(0) if spec.has_bias else None
+  dx = outs.pop(0)
+  dscale = outs.pop(0).sum(0) if spec.has_scale else None
+  dbias = outs.pop(0).sum(0) if spec.has_bias else None
   return dx, dscale, dbias
-
-
-def _padded(a, rows, dp, pad):
-  """``a`` zero-padded to ``rows`` rows and ``dp`` columns (``pad``), or as it is."""
-  if a is None or not pad:
-    return a
-  return jnp.pad(a, ((0, rows - a.shape[0]), (0, dp - a.shape[1])))
 
 
 def _backward_per_block(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype):
