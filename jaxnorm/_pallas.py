@@ -351,9 +351,12 @@ def _backward_on(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype):
     if present:
       out_shape.append(jax.ShapeDtypeStruct((programs, spec.d), jnp.float32))
       out_blocks.append(pl.BlockSpec((programs, dp), lambda i: (0, 0)))
+  kernel = functools.partial(
+    _persistent_backward_kernel, spec=spec, rows=rows, br=br, dp=dp, programs=programs,
+    masked=platform == "gpu",
+  )  # fmt: skip
   outs = pl.pallas_call(
-    functools.partial(_persistent_backward_kernel, spec=spec, rows=rows, br=br, dp=dp,
-                      programs=programs, masked=platform == "gpu"),  # fmt: skip
+    kernel,
     out_shape=tuple(out_shape),
     grid=(programs,),
     in_specs=[b for b, k in zip(in_blocks, keep, strict=False) if k],
