@@ -216,25 +216,23 @@ def _backward_block(x, dy, dh, scale, mask, eps, live, spec):
   return dx, dscale, dbias
 
 
-def _backward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int, masked: bool) -> None:
-  """One program per row block (TPU: the grid runs in order on a core), writing the
-  block's partial sums of ``dγ`` and ``dβ``."""
+def _backward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int) -> None:
+  """One program per row block (TPUs: the grid runs in order on a core; Mosaic pads the
+  edge blocks, so no access is masked), writing the block's partial sums of ``dγ`` and
+  ``dβ``."""
   r = _unpack(refs, spec, ("x", "scale", "mask", "eps", "dy", "dh"), ("dx", "dscale", "dbias"))
-  block, shared = _masks(spec, rows, br, masked)
-  x = _get(r["x"], block)
+  x = r["x"][...]
   live = (pl.program_id(0) * br + lax.broadcasted_iota(jnp.int32, x.shape, 0)) < rows
   dx, dscale, dbias = _backward_block(
-    x, _get(r["dy"], block),
-    _get(r["dh"], block) if spec.has_residual else None,
-    _get(r["scale"], shared) if spec.has_scale else None,
-    _get(r["mask"], block) if spec.has_mask else None,
-    _get(r["eps"], shared), live, spec,
+    x, r["dy"][...], r["dh"][...] if spec.has_residual else None,
+    r["scale"][...] if spec.has_scale else None, r["mask"][...] if spec.has_mask else None,
+    r["eps"][...], live, spec,
   )  # fmt: skip
-  _put(r["dx"], dx.astype(r["dx"].dtype), block)
+  r["dx"][...] = dx.astype(r["dx"].dtype)
   if spec.has_scale:
-    _put(r["dscale"], dscale[None, None], shared)
+    r["dscale"][...] = dscale[None, None]
   if spec.has_bias:
-    _put(r["dbias"], dbias[None, None], shared)
+    r["dbias"][...] = dbias[None, None]
 
 
 def _persistent_backward_kernel(
@@ -265,7 +263,7 @@ def _persistent_backward_kernel(
       plgpu.store(ref.at[index], value, mask=inside)
 
   in_row = lax.broadcasted_iota(jnp.int32, (1, dp), 1) < spec.d
-  eps = load(r["eps"], (pl.ds(0, 1), pl.ds(0, 1)), None if not masked else jnp.ones((1, 1), bool))
+  eps = load(r["eps"], (pl.ds(0, 1), pl.ds(0, 1)), jnp.ones((1, 1), bool))
   scale = load(r["scale"], (pl.ds(0, 1), columns), in_row) if spec.has_scale else None
 
   def body(i, sums):
@@ -331,34 +329,40 @@ PROGRAMS = {"gpu": 132, "interpret": 3}
 
 
 def _backward_on(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype):
-  if platform == "tpu":
-    return _backward_per_block(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype)
   rows = x.shape[0]
   br, dp = _blocks(platform, rows, spec.d)
   blocks = pl.cdiv(rows, br)
-  programs = min(PROGRAMS[platform], blocks)
-  # Each array is one block of whole row blocks and padded columns, which every program
-  # indexes itself: past the array's edge, Triton's accesses are masked and the
-  # interpreter pads.
-  row = pl.BlockSpec((blocks * br, dp), lambda i: (0, 0))
-  shared, scalar = _shared_block(dp), pl.BlockSpec((1, 1), lambda i: (0, 0))
+  scalar = pl.BlockSpec((1, 1), lambda i: (0, 0))
+  if platform == "tpu":  # one program per row block, a row of partials each
+    row = _row_block(br, dp)
+    kernel = functools.partial(_backward_kernel, spec=spec, rows=rows, br=br)
+    partial = jax.ShapeDtypeStruct((blocks, 1, spec.d), jnp.float32)
+    partial_block = pl.BlockSpec((1, 1, dp), lambda i: (i, 0, 0))
+    grid = blocks
+  else:  # the persistent grid: each array one block of whole row blocks and padded
+    # columns, which every program indexes itself (past the array's edge, Triton's
+    # accesses are masked and the interpreter pads)
+    grid = min(PROGRAMS[platform], blocks)
+    row = pl.BlockSpec((blocks * br, dp), lambda i: (0, 0))
+    kernel = functools.partial(
+      _persistent_backward_kernel, spec=spec, rows=rows, br=br, dp=dp, programs=grid,
+      masked=platform == "gpu",
+    )  # fmt: skip
+    partial = jax.ShapeDtypeStruct((grid, spec.d), jnp.float32)
+    partial_block = pl.BlockSpec((grid, dp), lambda i: (0, 0))
   operands = [x, scale, mask, eps, dy, dh]
   keep = [o is not None for o in operands]
-  in_blocks = [row, shared, row, scalar, row, row]
+  in_blocks = [row, _shared_block(dp), row, scalar, row, row]
   out_shape = [jax.ShapeDtypeStruct(x.shape, dx_dtype)]
   out_blocks = [row]
   for present in (spec.has_scale, spec.has_bias):
     if present:
-      out_shape.append(jax.ShapeDtypeStruct((programs, spec.d), jnp.float32))
-      out_blocks.append(pl.BlockSpec((programs, dp), lambda i: (0, 0)))
-  kernel = functools.partial(
-    _persistent_backward_kernel, spec=spec, rows=rows, br=br, dp=dp, programs=programs,
-    masked=platform == "gpu",
-  )  # fmt: skip
+      out_shape.append(partial)
+      out_blocks.append(partial_block)
   outs = pl.pallas_call(
     kernel,
     out_shape=tuple(out_shape),
-    grid=(programs,),
+    grid=(grid,),
     in_specs=[b for b, k in zip(in_blocks, keep, strict=False) if k],
     out_specs=tuple(out_blocks),
     name="jaxnorm_row_norm_bwd",
@@ -366,40 +370,9 @@ def _backward_on(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype):
   )(*(o for o, k in zip(operands, keep, strict=False) if k))
   outs = list(outs)
   dx = outs.pop(0)
-  dscale = outs.pop(0).sum(0) if spec.has_scale else None
-  dbias = outs.pop(0).sum(0) if spec.has_bias else None
-  return dx, dscale, dbias
-
-
-def _backward_per_block(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype):
-  rows = x.shape[0]
-  br, dp = _blocks(platform, rows, spec.d)
-  nb = pl.cdiv(rows, br)
-  operands = [x, scale, mask, eps, dy, dh]
-  row, scalar = _row_block(br, dp), pl.BlockSpec((1, 1), lambda i: (0, 0))
-  blocks = [row, _shared_block(dp), row, scalar, row, row]
-  keep = [o is not None for o in operands]
-  partial = jax.ShapeDtypeStruct((nb, 1, spec.d), jnp.float32)
-  partial_block = pl.BlockSpec((1, 1, dp), lambda i: (i, 0, 0))
-  out_shape = [jax.ShapeDtypeStruct(x.shape, dx_dtype)]
-  out_blocks = [_row_block(br, dp)]
-  for present in (spec.has_scale, spec.has_bias):
-    if present:
-      out_shape.append(partial)
-      out_blocks.append(partial_block)
-  outs = pl.pallas_call(
-    functools.partial(_backward_kernel, spec=spec, rows=rows, br=br, masked=platform != "tpu"),
-    out_shape=tuple(out_shape),
-    grid=(nb,),
-    in_specs=[b for b, k in zip(blocks, keep, strict=False) if k],
-    out_specs=tuple(out_blocks),
-    name="jaxnorm_row_norm_bwd",
-    **_compiler_params(platform, br, dp),
-  )(*(o for o, k in zip(operands, keep, strict=False) if k))
-  outs = list(outs)
-  dx = outs.pop(0)
-  dscale = outs.pop(0).sum((0, 1)) if spec.has_scale else None
-  dbias = outs.pop(0).sum((0, 1)) if spec.has_bias else None
+  summed = tuple(range(len(partial.shape) - 1))  # (over the programs or blocks)
+  dscale = outs.pop(0).sum(summed) if spec.has_scale else None
+  dbias = outs.pop(0).sum(summed) if spec.has_bias else None
   return dx, dscale, dbias
 
 

@@ -108,8 +108,8 @@ ALIASES = {
 }
 # Other libraries' subclasses of PyTorch's norms whose own ``forward`` computes their
 # base's norm (timm's fast-norm and float32 variants; its *Act classes then apply the
-# activation :func:`_carried` names). Any other subclass with its own forward is refused:
-# what it computes is unknown (timm's LayerNormExp2d, a LayerNorm over the channels).
+# activation :func:`_carried` names). Any other subclass with its own forward is run to
+# find what it computes, or refused (timm's LayerNormExp2d, a LayerNorm over the channels).
 _SAME_MATHS = frozenset({
   "GroupNorm1", "LayerNormFp32", "BatchNormAct2d", "SyncBatchNormAct", "GroupNormAct",
   "GroupNorm1Act", "LayerNormAct", "LayerNormActFp32",
@@ -630,7 +630,6 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
   """:func:`from_torch`'s conversion, without its warning (``prefix``: the module's name
   in the model, for errors; ``source``: the module a class name and state_dict come
   from, for the attributes only a module has: DyT's layout, LocalResponseNorm's size)."""
-  carried = None
   if not isinstance(kind, str):
     given = [k for k, v in options.items() if k != "dtype" and v != _DEFAULTS[k]]
     if state_dict is not None or given:
@@ -656,8 +655,7 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
     arrays = {{"gamma": "weight", "beta": "bias"}.get(k, k): v for k, v in arrays.items()}
   _check_keys(kind, family, arrays)  # (a None entry counts as missing)
   if family in ("DyT", "LocalResponseNorm"):
-    layer = _pointwise(kind, family, arrays, source, channels_first)
-    return layer._replace(activation=carried)
+    return _pointwise(kind, family, arrays, source, channels_first)
   eps, momentum, dtype = options["eps"], options["momentum"], options["dtype"]
   weight, bias = arrays.get("weight"), arrays.get("bias")
   x64 = jax.config.read("jax_enable_x64")
@@ -678,8 +676,7 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
   if family == "FrozenBatchNorm":  # fixed statistics and affine (torchvision's)
     kw = dict(axis=channel, epsilon=torch_epsilon(eps), **common)
     stats = {k: arrays[f"running_{k}"].astype(_stats_dtype(arrays, x64)) for k in ("mean", "var")}
-    layer = TorchNorm("FrozenBatchNorm", kw, dict(num_features=c, **kw), _vars(params, stats))
-    return layer._replace(activation=carried)
+    return TorchNorm("FrozenBatchNorm", kw, dict(num_features=c, **kw), _vars(params, stats))
   if family == "BatchNorm" or (family == "InstanceNorm" and "running_mean" in arrays):
     if family == "InstanceNorm" and momentum is None:
       momentum = 0.0  # PyTorch's InstanceNorm takes None as 0: the statistics never move
@@ -691,16 +688,16 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
       for kw in (bn.kwargs, bn.nnx_kwargs):
         kw.update(virtual_batch_size=1, count_batches=False)
       bn.variables.get("batch_stats", {}).pop("num_batches_tracked", None)
-    return bn._replace(activation=carried)
+    return bn
   if family == "InstanceNorm":
     kw = dict(epsilon=torch_epsilon(eps), feature_axes=channel, **common)
-    return TorchNorm("InstanceNorm", kw, dict(num_features=c, **kw), _vars(params), carried)
+    return TorchNorm("InstanceNorm", kw, dict(num_features=c, **kw), _vars(params))
   if family == "GroupNorm":
     if options["num_groups"] is None:
       raise ValueError("GroupNorm needs num_groups (PyTorch's first constructor argument).")
     kw = dict(num_groups=int(options["num_groups"]), epsilon=torch_epsilon(eps),
               feature_axis=channel, **common)  # fmt: skip
-    return TorchNorm("GroupNorm", kw, dict(num_features=c, **kw), _vars(params), carried)
+    return TorchNorm("GroupNorm", kw, dict(num_features=c, **kw), _vars(params))
   if kind in ("LayerNorm2d", "RMSNorm2d"):  # over the channels of an NCHW (or NHWC) input
     shape = options["normalized_shape"]
     if weight is not None:
@@ -712,7 +709,7 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
     kw = dict(reduction_axes=channel, feature_axes=channel, epsilon=torch_epsilon(eps, act),
               **common)  # fmt: skip
     module = "RMSNorm" if kind == "RMSNorm2d" else "LayerNorm"
-    return TorchNorm(module, kw, dict(num_features=c, **kw), _vars(params), carried)
+    return TorchNorm(module, kw, dict(num_features=c, **kw), _vars(params))
   if options["normalized_shape"] is not None:
     shape = tuple(int(d) for d in np.atleast_1d(options["normalized_shape"]))
   elif weight is not None:
@@ -737,7 +734,7 @@ def _convert(kind, state_dict, options, channels_first, torch_training, prefix=N
             epsilon=torch_epsilon(eps, act), **common)  # fmt: skip
   nnx_kw = dict(num_features=math.prod(features), **kw)
   module = "RMSNorm" if kind == "RMSNorm" else "LayerNorm"
-  return TorchNorm(module, kw, nnx_kw, _vars(params), carried)
+  return TorchNorm(module, kw, nnx_kw, _vars(params))
 
 
 def _arrays(kind: str, state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
