@@ -489,12 +489,12 @@ def _module_layer(module, options, channels_first, torch_training, prefix):
     state_dict = {{"gamma": "weight", "beta": "bias"}[k]: v for k, v in state_dict.items()}
   cls = type(module).__name__
   arrays = _arrays(cls if prefix is None else f"{prefix!r} ({cls})", state_dict)
-  named = None
+  read, named = dict(options), None
   if _match(module)[0] is not None:  # a PyTorch class with its forward replaced
-    kind, _ = _from_module(module, dict(options), prefix)
+    kind, _ = _from_module(module, read, prefix)  # (its attributes read into ``read``)
     named = (f"{kind}, {_AS_NAMED}", kind, {})
-  read = dict(options)
-  _read_attributes(module, read)
+  else:
+    _read_attributes(module, read)
 
   def build(kind, form):
     options = {**read, **form}
