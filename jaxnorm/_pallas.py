@@ -14,15 +14,17 @@ memory-bound kernel; rows with ``max|x| < 2`` are not scaled at all. With
 ``r' = 1/sqrt(var(s·x) + ε·s²)`` the output is ``(s·x − mean(s·x))·r'``, which equals
 ``(x − μ)/sqrt(σ² + ε)`` exactly in real arithmetic.
 
-The backward kernel returns ``dx`` (plus the residual's cotangent, added in) and partial
-sums of ``dγ`` and ``dβ``, which the caller sums: on GPUs (and in the interpreter) from a
-persistent grid of about as many programs as the GPU has SMs, each looping over its row
-blocks and summing in float32 registers, so the partials are ``(programs, D)`` whatever the
-rows (one row per block, as on TPUs, made them twice the size of x at 4,096 features).
-On CPU the same kernels run in Pallas's interpret mode (the tests), on NVIDIA and AMD GPUs
-through Triton, on TPU through Mosaic; :func:`forward` and :func:`backward` pick the
-lowering per platform with ``lax.platform_dependent``, so one exported program carries
-each.
+The backward kernel returns ``dx`` (plus the residual's cotangent, added in; in each
+differentiated input's dtype, written by the kernel) and partial sums of ``dγ`` and
+``dβ``, which the caller sums. On GPUs they come from a persistent grid of about as many
+programs as the GPU has SMs, each looping over its row blocks and summing in float32
+registers: ``(programs, D)`` partials whatever the rows (one row per block made them twice
+the size of x at 4,096 features). On TPUs from a ``(cores, steps)`` grid whose partials'
+block stays in VMEM across a core's steps: ``(2, 1, D)``.
+On CPU the kernels run in Pallas's interpret mode (the tests; either layout:
+:data:`INTERPRET_AS`), on NVIDIA and AMD GPUs through Triton, on TPU through Mosaic;
+:func:`forward` and :func:`backward` pick the lowering per platform with
+``lax.platform_dependent``, so one exported program carries each.
 """
 
 from __future__ import annotations
@@ -50,39 +52,64 @@ class RowSpec(NamedTuple):
   has_mask: bool
 
 
+class Target(NamedTuple):
+  """Where a kernel runs: its ``layout`` ("gpu": Triton, masked accesses and a persistent
+  backward grid; "tpu": Mosaic's padded blocks and a per-core accumulating grid) and whether
+  Pallas's interpreter stands in for it (on the CPU)."""
+
+  layout: str
+  interpret: bool = False
+
+
+# The layout the interpreter (CPU) runs: the GPU's; the tests also run the TPU's.
+INTERPRET_AS = "gpu"
+
+
 def _next_power_of_2(n: int) -> int:
   return 1 << max(n - 1, 0).bit_length()
 
 
-def _blocks(platform: str, rows: int, d: int) -> tuple[int, int]:
-  """``(BR, DP)``: rows per program and padded columns, per lowering."""
-  if platform == "tpu":  # (8, 128) tiles; 32 rows keep int8 masks and bf16 tiles whole
+TPU_BLOCK = 262144  # elements of a TPU block (1 MiB in float32)
+
+
+def _blocks(target: Target, rows: int, d: int) -> tuple[int, int]:
+  """``(BR, DP)``: rows per block and padded columns, per lowering."""
+  if target.layout == "tpu":  # (8, 128) tiles: the most rows (a power of two, 8 to 512) whose
+    # float32 block is at most 1 MiB: the kernels' buffers and temporaries then fit the
+    # 16 MiB of VMEM Mosaic allows by default (32 rows at 16,384 columns did not compile)
     dp = -(-d // 128) * 128
-    br = max(32, min(512, _next_power_of_2(max(1, 65536 // dp)) // 2))
+    br = max(8, min(512, 1 << (max(1, TPU_BLOCK // dp).bit_length() - 1)))
     return (rows if rows < br else br), dp
   dp = _next_power_of_2(d)
-  if platform == "interpret":  # small blocks: the tests cross block edges
+  if target.interpret:  # small blocks: the tests cross block edges
     return 8, dp
   return max(1, min(_next_power_of_2(rows), max(1, 4096 // dp))), dp
 
 
-def _compiler_params(platform: str, br: int, dp: int) -> dict[str, Any]:
-  if platform == "gpu":
+def _compiler_params(target: Target, br: int, dp: int, semantics: Any = None) -> dict[str, Any]:
+  """``pallas_call``'s lowering options; ``semantics``: Mosaic's dimension semantics."""
+  if target.interpret:
+    return dict(interpret=True)
+  if target.layout == "gpu":
     from jax.experimental.pallas import triton as pltriton
 
     return dict(compiler_params=pltriton.CompilerParams(num_warps=min(max(br * dp // 512, 1), 8)))
-  if platform == "interpret":
-    return dict(interpret=True)
-  return {}
+  if semantics is None:
+    return {}
+  from jax.experimental.pallas import tpu as pltpu
+
+  return dict(compiler_params=pltpu.CompilerParams(dimension_semantics=semantics))
 
 
 def _unpack(
-  refs: Any, spec: RowSpec, inputs: tuple[str, ...], outputs: tuple[str, ...]
+  refs: Any, spec: RowSpec, inputs: tuple[str, ...], outputs: tuple[str, ...], gradients: int = 1
 ) -> dict[str, Any]:
-  """The kernel's refs by name (the optional ones present per ``spec``)."""
+  """The kernel's refs by name (the optional ones present per ``spec``; ``gradients``: how
+  copies of ``dx`` the backward writes: ``dx``, then ``dx2``)."""
   present = dict(
     residual=spec.has_residual, scale=spec.has_scale, bias=spec.has_bias, mask=spec.has_mask,
     h=spec.has_residual, dh=spec.has_residual, dscale=spec.has_scale, dbias=spec.has_bias,
+    dx=gradients >= 1, dx2=gradients == 2,
   )  # fmt: skip
   names = [n for n in inputs + outputs if present.get(n, True)]
   return dict(zip(names, refs, strict=False))
@@ -121,8 +148,14 @@ def _valid(x: Any, spec: RowSpec, mask_ref: Any, block: Any = None) -> Any:
   col = lax.broadcasted_iota(jnp.int32, x.shape, 1)
   valid = col < spec.d
   if mask_ref is not None:
-    valid = valid & (_get(mask_ref, block) != 0)
+    valid = _and_mask(valid, _get(mask_ref, block))
   return valid
+
+
+def _and_mask(columns: Any, mask: Any) -> Any:
+  """``columns & (mask != 0)`` as a select: Mosaic lays the column test out replicated over
+  rows and cannot relayout the mask's booleans to match (an ``&`` failed to compile)."""
+  return jnp.where(columns, mask.astype(jnp.int32), 0) != 0
 
 
 def _bounds(shape: tuple[int, ...], d: int, rows: int | None = None, br: int = 0) -> Any:
@@ -193,7 +226,7 @@ def _backward_block(x, dy, dh, scale, mask, eps, live, spec):
   x = x.astype(jnp.float32)
   col = lax.broadcasted_iota(jnp.int32, x.shape, 1)
   columns = col < spec.d
-  valid = columns if mask is None else columns & (mask != 0)
+  valid = columns if mask is None else _and_mask(columns, mask)
   if spec.has_mask:  # garbage padding (NaN, inf) must not reach the sums of g·x̂ and dy·x̂
     x = jnp.where(valid | jnp.isfinite(x), x, 0.0)
   xs, mean, rs, s, inv_n, std = _row_statistics(x, valid, eps, spec)
@@ -216,34 +249,60 @@ def _backward_block(x, dy, dh, scale, mask, eps, live, spec):
   return dx, dscale, dbias
 
 
-def _backward_kernel(*refs: Any, spec: RowSpec, rows: int, br: int) -> None:
-  """One program per row block (TPUs: the grid runs in order on a core; Mosaic pads the
-  edge blocks, so no access is masked), writing the block's partial sums of ``dγ`` and
-  ``dβ``."""
-  r = _unpack(refs, spec, ("x", "scale", "mask", "eps", "dy", "dh"), ("dx", "dscale", "dbias"))
+BACKWARD_REFS = ("x", "scale", "mask", "eps", "dy", "dh"), ("dx", "dx2", "dscale", "dbias")
+
+
+def _backward_kernel(
+  *refs: Any, spec: RowSpec, rows: int, br: int, steps: int, gradients: int
+) -> None:
+  """TPUs: a ``(cores, steps)`` grid, core ``c`` taking row blocks ``c·steps + i`` in order
+  (Mosaic pads the edge blocks, so no access is masked) and summing ``dγ`` and ``dβ`` into
+  its own row of partials, which stays in VMEM across its steps (one row per core, not per
+  block: 32-row blocks made them 6 % of x's bytes per partial in bfloat16). A step past the
+  last block re-reads the last (its index is clamped) and rewrites the same ``dx``; its
+  rows count as dead."""
+  r = _unpack(refs, spec, *BACKWARD_REFS, gradients)
   x = r["x"][...]
-  live = (pl.program_id(0) * br + lax.broadcasted_iota(jnp.int32, x.shape, 0)) < rows
+  start = (pl.program_id(0) * steps + pl.program_id(1)) * br
+  live = (start + lax.broadcasted_iota(jnp.int32, x.shape, 0)) < rows
   dx, dscale, dbias = _backward_block(
     x, r["dy"][...], r["dh"][...] if spec.has_residual else None,
     r["scale"][...] if spec.has_scale else None, r["mask"][...] if spec.has_mask else None,
     r["eps"][...], live, spec,
   )  # fmt: skip
-  r["dx"][...] = dx.astype(r["dx"].dtype)
-  if spec.has_scale:
-    r["dscale"][...] = dscale[None, None]
-  if spec.has_bias:
-    r["dbias"][...] = dbias[None, None]
+  for name in ("dx", "dx2")[:gradients]:
+    r[name][...] = dx.astype(r[name].dtype)
+  sums = [
+    (r[n], v)
+    for n, v, k in (("dscale", dscale, spec.has_scale), ("dbias", dbias, spec.has_bias))
+    if k
+  ]
+
+  @pl.when(pl.program_id(1) == 0)
+  def _():
+    for ref, _ in sums:
+      ref[...] = jnp.zeros(ref.shape, ref.dtype)
+
+  for ref, value in sums:
+    ref[...] += value[None, None]
 
 
 def _persistent_backward_kernel(
-  *refs: Any, spec: RowSpec, rows: int, br: int, dp: int, programs: int, masked: bool
+  *refs: Any,
+  spec: RowSpec,
+  rows: int,
+  br: int,
+  dp: int,
+  programs: int,
+  masked: bool,
+  gradients: int,
 ) -> None:
   """A persistent grid (GPUs): ``programs`` programs, each looping over the row blocks
   ``pid, pid + programs, ...``, summing ``dγ`` and ``dβ`` in float32 registers and writing
   one row of ``(programs, D)`` partials, instead of a row per block (at 4,096 features a
   block is one row: partials twice the size of x). The refs are whole arrays, each access
   masked to them (Triton; the interpreter pads them to whole blocks)."""
-  r = _unpack(refs, spec, ("x", "scale", "mask", "eps", "dy", "dh"), ("dx", "dscale", "dbias"))
+  r = _unpack(refs, spec, *BACKWARD_REFS, gradients)
   pid = pl.program_id(0)
   columns = pl.ds(0, dp)
 
@@ -276,7 +335,8 @@ def _persistent_backward_kernel(
       load(r["dh"], index, inside) if spec.has_residual else None, scale,
       load(r["mask"], index, inside) if spec.has_mask else None, eps, live, spec,
     )  # fmt: skip
-    store(r["dx"], index, dx.astype(r["dx"].dtype), inside)
+    for name in ("dx", "dx2")[:gradients]:
+      store(r[name], index, dx.astype(r[name].dtype), inside)
     return sums[0] + dscale, sums[1] + dbias
 
   blocks = pl.cdiv(rows, br)
@@ -298,9 +358,9 @@ def _shared_block(dp: int) -> pl.BlockSpec:
   return pl.BlockSpec((1, dp), lambda i: (0, 0))
 
 
-def _forward_on(platform, spec, x, residual, scale, bias, mask, eps, y_dtype, h_dtype):
+def _forward_on(target, spec, x, residual, scale, bias, mask, eps, y_dtype, h_dtype):
   rows = x.shape[0]
-  br, dp = _blocks(platform, rows, spec.d)
+  br, dp = _blocks(target, rows, spec.d)
   operands = [x, residual, scale, bias, mask, eps]
   blocks = [_row_block(br, dp), _row_block(br, dp), _shared_block(dp), _shared_block(dp),
             _row_block(br, dp), pl.BlockSpec((1, 1), lambda i: (0, 0))]  # fmt: skip
@@ -311,13 +371,13 @@ def _forward_on(platform, spec, x, residual, scale, bias, mask, eps, y_dtype, h_
     out_shape.append(jax.ShapeDtypeStruct(x.shape, h_dtype))
     out_blocks.append(_row_block(br, dp))
   outs = pl.pallas_call(
-    functools.partial(_forward_kernel, spec=spec, rows=rows, br=br, masked=platform != "tpu"),
+    functools.partial(_forward_kernel, spec=spec, rows=rows, br=br, masked=target.layout == "gpu"),
     out_shape=tuple(out_shape),
     grid=(pl.cdiv(rows, br),),
     in_specs=[b for b, k in zip(blocks, keep, strict=False) if k],
     out_specs=tuple(out_blocks),
     name="jaxnorm_row_norm_fwd",
-    **_compiler_params(platform, br, dp),
+    **_compiler_params(target, br, dp),
   )(*(o for o, k in zip(operands, keep, strict=False) if k))
   return outs[0], (outs[1] if spec.has_residual else None)
 
@@ -326,35 +386,44 @@ def _forward_on(platform, spec, x, residual, scale, bias, mask, eps, y_dtype, h_
 # 132; the rows per program then follow), few in the interpreter so that the tests' blocks
 # loop and the last program's share is short.
 PROGRAMS = {"gpu": 132, "interpret": 3}
+# TPU cores the backward's grid splits its row blocks over ("parallel"; megacore chips run
+# one half on each, one-core chips both in turn).
+CORES = 2
 
 
-def _backward_on(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype):
+def _backward_on(target, spec, x, scale, mask, eps, dy, dh, dx_dtypes):
   rows = x.shape[0]
-  br, dp = _blocks(platform, rows, spec.d)
+  br, dp = _blocks(target, rows, spec.d)
   blocks = pl.cdiv(rows, br)
-  scalar = pl.BlockSpec((1, 1), lambda i: (0, 0))
-  if platform == "tpu":  # one program per row block, a row of partials each
-    row = _row_block(br, dp)
-    kernel = functools.partial(_backward_kernel, spec=spec, rows=rows, br=br)
-    partial = jax.ShapeDtypeStruct((blocks, 1, spec.d), jnp.float32)
-    partial_block = pl.BlockSpec((1, 1, dp), lambda i: (i, 0, 0))
-    grid = blocks
+  semantics = None
+  if target.layout == "tpu":  # a row of partials per core (see _backward_kernel)
+    grid = (min(CORES, blocks), pl.cdiv(blocks, min(CORES, blocks)))
+    steps = grid[1]
+    row = pl.BlockSpec((br, dp), lambda c, i: (jnp.minimum(c * steps + i, blocks - 1), 0))
+    kernel = functools.partial(
+      _backward_kernel, spec=spec, rows=rows, br=br, steps=steps, gradients=len(dx_dtypes)
+    )
+    partial = jax.ShapeDtypeStruct((grid[0], 1, spec.d), jnp.float32)
+    partial_block = pl.BlockSpec((1, 1, dp), lambda c, i: (c, 0, 0))
+    semantics = ("parallel", "arbitrary")
   else:  # the persistent grid: each array one block of whole row blocks and padded
     # columns, which every program indexes itself (past the array's edge, Triton's
     # accesses are masked and the interpreter pads)
-    grid = min(PROGRAMS[platform], blocks)
-    row = pl.BlockSpec((blocks * br, dp), lambda i: (0, 0))
+    grid = (min(PROGRAMS["interpret" if target.interpret else "gpu"], blocks),)
+    row = pl.BlockSpec((blocks * br, dp), lambda *_: (0, 0))
     kernel = functools.partial(
-      _persistent_backward_kernel, spec=spec, rows=rows, br=br, dp=dp, programs=grid,
-      masked=platform == "gpu",
+      _persistent_backward_kernel, spec=spec, rows=rows, br=br, dp=dp, programs=grid[0],
+      masked=not target.interpret, gradients=len(dx_dtypes),
     )  # fmt: skip
-    partial = jax.ShapeDtypeStruct((grid, spec.d), jnp.float32)
-    partial_block = pl.BlockSpec((grid, dp), lambda i: (0, 0))
+    partial = jax.ShapeDtypeStruct((grid[0], spec.d), jnp.float32)
+    partial_block = pl.BlockSpec((grid[0], dp), lambda *_: (0, 0))
+  scalar = pl.BlockSpec((1, 1), lambda *_: (0, 0))
+  shared = pl.BlockSpec((1, dp), lambda *_: (0, 0))
   operands = [x, scale, mask, eps, dy, dh]
   keep = [o is not None for o in operands]
-  in_blocks = [row, _shared_block(dp), row, scalar, row, row]
-  out_shape = [jax.ShapeDtypeStruct(x.shape, dx_dtype)]
-  out_blocks = [row]
+  in_blocks = [row, shared, row, scalar, row, row]
+  out_shape = [jax.ShapeDtypeStruct(x.shape, dt) for dt in dx_dtypes]
+  out_blocks = [row] * len(dx_dtypes)
   for present in (spec.has_scale, spec.has_bias):
     if present:
       out_shape.append(partial)
@@ -362,31 +431,33 @@ def _backward_on(platform, spec, x, scale, mask, eps, dy, dh, dx_dtype):
   outs = pl.pallas_call(
     kernel,
     out_shape=tuple(out_shape),
-    grid=(grid,),
+    grid=grid,
     in_specs=[b for b, k in zip(in_blocks, keep, strict=False) if k],
     out_specs=tuple(out_blocks),
     name="jaxnorm_row_norm_bwd",
-    **_compiler_params(platform, br, dp),
+    **_compiler_params(target, br, dp, semantics),
   )(*(o for o, k in zip(operands, keep, strict=False) if k))
   outs = list(outs)
-  dx = outs.pop(0)
-  summed = tuple(range(len(partial.shape) - 1))  # (over the programs or blocks)
+  dx = tuple(outs.pop(0) for _ in dx_dtypes)
+  summed = tuple(range(len(partial.shape) - 1))  # (over the programs or cores)
   dscale = outs.pop(0).sum(summed) if spec.has_scale else None
   dbias = outs.pop(0).sum(summed) if spec.has_bias else None
   return dx, dscale, dbias
 
 
 def _per_platform(fn, *args):
-  """``fn(platform, *args)`` lowered per platform: Triton on GPUs, Mosaic on TPU, the
-  interpreter elsewhere (CPU)."""
+  """``fn(target, *args)`` lowered per platform: Triton on GPUs, Mosaic on TPU, the
+  interpreter elsewhere (CPU) in the :data:`INTERPRET_AS` layout."""
   leaves, tree = jax.tree.flatten(args)
 
-  def branch(platform):
-    return lambda *leaves: fn(platform, *jax.tree.unflatten(tree, leaves))
+  def branch(target):
+    return lambda *leaves: fn(target, *jax.tree.unflatten(tree, leaves))
 
+  gpu = branch(Target("gpu"))
   return lax.platform_dependent(
-    *leaves, cuda=branch("gpu"), rocm=branch("gpu"), tpu=branch("tpu"), default=branch("interpret")
-  )
+    *leaves, cuda=gpu, rocm=gpu, tpu=branch(Target("tpu")),
+    default=branch(Target(INTERPRET_AS, interpret=True)),
+  )  # fmt: skip
 
 
 def forward(
@@ -415,10 +486,12 @@ def backward(
   epsilon: jax.Array,
   dy: jax.Array,
   dh: jax.Array | None,
-  dx_dtype: Any,
-) -> tuple[jax.Array, jax.Array | None, jax.Array | None]:
-  """``(dx, dscale, dbias)`` for the cotangent ``dy`` of :func:`forward`'s ``y`` at rows
+  dx_dtypes: tuple[Any, ...],
+) -> tuple[tuple[jax.Array, ...], jax.Array | None, jax.Array | None]:
+  """``(dxs, dscale, dbias)`` for the cotangent ``dy`` of :func:`forward`'s ``y`` at rows
   ``x`` (the normalized input: ``h`` for Add & Norm, whose cotangent ``dh`` is added to
-  ``dx``); ``dscale``/``dbias`` of shape ``(D,)`` in float32, None when absent."""
-  fn = functools.partial(_backward_on, dx_dtype=jnp.dtype(dx_dtype))
+  ``dx``): ``dx`` in each of ``dx_dtypes`` (none to two: Add & Norm's input and residual
+  each get their own, written by the kernel rather than copied or converted after it);
+  ``dscale``/``dbias`` of shape ``(D,)`` in float32, None when absent."""
+  fn = functools.partial(_backward_on, dx_dtypes=tuple(jnp.dtype(t) for t in dx_dtypes))
   return _per_platform(lambda p, *a: fn(p, spec, *a), x, scale, mask, epsilon, dy, dh)

@@ -180,10 +180,13 @@ def _rows_jvp(static, primals, tangents):
   def transpose(res, cts):
     hh, g, _, m, e = res
     dy, dh = cts if residual is not None else (cts[0], None)
-    dx, dg, db = _pallas.backward(spec, hh, g, m, e, dy, dh, hh.dtype)
+    # dx in each differentiated input's dtype, written by the kernel (not copied or converted)
+    wanted = [(p, keep) for p, keep in zip((x, residual), live, strict=False) if p is not None]
+    dxs, dg, db = _pallas.backward(spec, hh, g, m, e, dy, dh, [p.dtype for p, k in wanted if k])
+    it = iter(dxs)
     grads = (
-      dx.astype(x.dtype),
-      None if residual is None else dx.astype(residual.dtype),
+      next(it) if live[0] else None,
+      next(it) if residual is not None and live[1] else None,
       None if dg is None else dg.reshape(scale.shape).astype(scale.dtype),
       None if db is None else db.reshape(bias.shape).astype(bias.dtype),
     )
