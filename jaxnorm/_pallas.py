@@ -69,31 +69,54 @@ def _next_power_of_2(n: int) -> int:
   return 1 << max(n - 1, 0).bit_length()
 
 
+class Layout(NamedTuple):
+  """How a kernel is cut: ``rows`` per block, ``columns`` padded, Triton's ``warps`` and the
+  backward's ``programs`` (GPUs: the persistent grid; TPUs: the cores)."""
+
+  rows: int
+  columns: int
+  warps: int
+  programs: int
+
+
 TPU_BLOCK = 262144  # elements of a TPU block (1 MiB in float32)
+# GPU layouts measured on a device (benchmarks/pallas_tune.py), per (padded row length,
+# bytes of an element of x): (rows per block, warps, programs), each entry committed with
+# the results that chose it. Empty: no device has measured one, so every row length takes
+# the rule of :func:`_layout`.
+GPU_TABLE: dict[tuple[int, int], tuple[int, int, int]] = {}
+SMS = 132  # an H100's streaming multiprocessors: the persistent grid's programs by rule
+CORES = 2  # TPU cores the backward's grid splits its row blocks over ("parallel"; megacore
+# chips run one half on each, one-core chips both in turn)
 
 
-def _blocks(target: Target, rows: int, d: int) -> tuple[int, int]:
-  """``(BR, DP)``: rows per block and padded columns, per lowering."""
+def _layout(target: Target, rows: int, d: int, itemsize: int) -> Layout:
+  """The cut of ``rows`` rows of ``d`` elements of ``itemsize`` bytes for ``target``."""
   if target.layout == "tpu":  # (8, 128) tiles: the most rows (a power of two, 8 to 512) whose
     # float32 block is at most 1 MiB: the kernels' buffers and temporaries then fit the
     # 16 MiB of VMEM Mosaic allows by default (32 rows at 16,384 columns did not compile)
     dp = -(-d // 128) * 128
     br = max(8, min(512, 1 << (max(1, TPU_BLOCK // dp).bit_length() - 1)))
-    return (rows if rows < br else br), dp
+    return Layout(rows if rows < br else br, dp, 0, CORES)
   dp = _next_power_of_2(d)
-  if target.interpret:  # small blocks: the tests cross block edges
-    return 8, dp
-  return max(1, min(_next_power_of_2(rows), max(1, 4096 // dp))), dp
+  if target.interpret:  # small blocks and few programs: the tests cross block edges and
+    # the persistent grid's programs loop, the last one's share short
+    return Layout(8, dp, 0, 3)
+  # The rule: 4,096 elements a block (a row at least), 8 warps (fewer where the block
+  # holds under 512 elements a warp), a program per SM.
+  br, warps, programs = GPU_TABLE.get((dp, itemsize), (max(1, 4096 // dp), 8, SMS))
+  return Layout(max(1, min(_next_power_of_2(rows), br)), dp, warps, programs)
 
 
-def _compiler_params(target: Target, br: int, dp: int, semantics: Any = None) -> dict[str, Any]:
+def _compiler_params(target: Target, cut: Layout, semantics: Any = None) -> dict[str, Any]:
   """``pallas_call``'s lowering options; ``semantics``: Mosaic's dimension semantics."""
   if target.interpret:
     return dict(interpret=True)
   if target.layout == "gpu":
     from jax.experimental.pallas import triton as pltriton
 
-    return dict(compiler_params=pltriton.CompilerParams(num_warps=min(max(br * dp // 512, 1), 8)))
+    warps = min(cut.warps, max(cut.rows * cut.columns // 512, 1))  # (no more than the block fills)
+    return dict(compiler_params=pltriton.CompilerParams(num_warps=warps))
   if semantics is None:
     return {}
   from jax.experimental.pallas import tpu as pltpu
@@ -360,7 +383,8 @@ def _shared_block(dp: int) -> pl.BlockSpec:
 
 def _forward_on(target, spec, x, residual, scale, bias, mask, eps, y_dtype, h_dtype):
   rows = x.shape[0]
-  br, dp = _blocks(target, rows, spec.d)
+  cut = _layout(target, rows, spec.d, x.dtype.itemsize)
+  br, dp = cut.rows, cut.columns
   operands = [x, residual, scale, bias, mask, eps]
   blocks = [_row_block(br, dp), _row_block(br, dp), _shared_block(dp), _shared_block(dp),
             _row_block(br, dp), pl.BlockSpec((1, 1), lambda i: (0, 0))]  # fmt: skip
@@ -377,27 +401,20 @@ def _forward_on(target, spec, x, residual, scale, bias, mask, eps, y_dtype, h_dt
     in_specs=[b for b, k in zip(blocks, keep, strict=False) if k],
     out_specs=tuple(out_blocks),
     name="jaxnorm_row_norm_fwd",
-    **_compiler_params(target, br, dp),
+    **_compiler_params(target, cut),
   )(*(o for o, k in zip(operands, keep, strict=False) if k))
   return outs[0], (outs[1] if spec.has_residual else None)
 
 
-# Programs of the persistent backward grid: about as many as the GPU has SMs (an H100's
-# 132; the rows per program then follow), few in the interpreter so that the tests' blocks
-# loop and the last program's share is short.
-PROGRAMS = {"gpu": 132, "interpret": 3}
-# TPU cores the backward's grid splits its row blocks over ("parallel"; megacore chips run
-# one half on each, one-core chips both in turn).
-CORES = 2
-
-
 def _backward_on(target, spec, x, scale, mask, eps, dy, dh, dx_dtypes):
   rows = x.shape[0]
-  br, dp = _blocks(target, rows, spec.d)
+  cut = _layout(target, rows, spec.d, x.dtype.itemsize)
+  br, dp = cut.rows, cut.columns
   blocks = pl.cdiv(rows, br)
   semantics = None
+  grid: tuple[int, ...]
   if target.layout == "tpu":  # a row of partials per core (see _backward_kernel)
-    grid = (min(CORES, blocks), pl.cdiv(blocks, min(CORES, blocks)))
+    grid = (min(cut.programs, blocks), pl.cdiv(blocks, min(cut.programs, blocks)))
     steps = grid[1]
     row = pl.BlockSpec((br, dp), lambda c, i: (jnp.minimum(c * steps + i, blocks - 1), 0))
     kernel = functools.partial(
@@ -409,7 +426,7 @@ def _backward_on(target, spec, x, scale, mask, eps, dy, dh, dx_dtypes):
   else:  # the persistent grid: each array one block of whole row blocks and padded
     # columns, which every program indexes itself (past the array's edge, Triton's
     # accesses are masked and the interpreter pads)
-    grid = (min(PROGRAMS["interpret" if target.interpret else "gpu"], blocks),)
+    grid = (min(cut.programs, blocks),)
     row = pl.BlockSpec((blocks * br, dp), lambda *_: (0, 0))
     kernel = functools.partial(
       _persistent_backward_kernel, spec=spec, rows=rows, br=br, dp=dp, programs=grid[0],
@@ -435,7 +452,7 @@ def _backward_on(target, spec, x, scale, mask, eps, dy, dh, dx_dtypes):
     in_specs=[b for b, k in zip(in_blocks, keep, strict=False) if k],
     out_specs=tuple(out_blocks),
     name="jaxnorm_row_norm_bwd",
-    **_compiler_params(target, br, dp, semantics),
+    **_compiler_params(target, cut, semantics),
   )(*(o for o, k in zip(operands, keep, strict=False) if k))
   outs = list(outs)
   dx = tuple(outs.pop(0) for _ in dx_dtypes)

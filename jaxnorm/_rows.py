@@ -182,7 +182,9 @@ def _rows_jvp(static, primals, tangents):
     dy, dh = cts if residual is not None else (cts[0], None)
     # dx in each differentiated input's dtype, written by the kernel (not copied or converted)
     wanted = [(p, keep) for p, keep in zip((x, residual), live, strict=False) if p is not None]
-    dxs, dg, db = _pallas.backward(spec, hh, g, m, e, dy, dh, [p.dtype for p, k in wanted if k])
+    dxs, dg, db = _pallas.backward(
+      spec, hh, g, m, e, dy, dh, tuple(p.dtype for p, k in wanted if k)
+    )
     it = iter(dxs)
     grads = (
       next(it) if live[0] else None,

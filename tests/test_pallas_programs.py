@@ -238,7 +238,7 @@ def test_gpu_traffic_by_construction_is_the_least_plus_a_row_of_partials_per_pro
       assert moved == least
       continue
     programs = gm.grid[0]
-    br, _ = _pallas._blocks(gpu, rows, d)
+    br = _pallas._layout(gpu, rows, d, jnp.dtype(dtype).itemsize).rows
     assert programs == min(132, -(-rows // br))
     for bm in gm.block_mappings:  # whole arrays (the programs index them)
       block = [getattr(b, "block_size", b) for b in bm.block_shape]
@@ -246,6 +246,28 @@ def test_gpu_traffic_by_construction_is_the_least_plus_a_row_of_partials_per_pro
     partials = [v.aval for v in call.outvars[gradients:]]
     assert all(p.shape == (programs, d) and p.dtype == jnp.float32 for p in partials)
     assert moved - least == sum(_nbytes(p) for p in partials)
+
+
+def test_the_gpu_table_sets_blocks_warps_and_programs_per_row_length_and_dtype(monkeypatch):
+  """An entry of ``GPU_TABLE`` (what a device measured) replaces the rule for its row length
+  and element size only: the persistent grid's programs, the block's rows (its partials'
+  shape and the kernel's loop follow) and Triton's warps."""
+  spec = _pallas.RowSpec(1000, True, True, False, True, True, False)
+  x = jax.ShapeDtypeStruct((8192, 1000), jnp.bfloat16)
+  gpu = _pallas.Target("gpu")
+
+  def cut(call):
+    params = call.params["compiler_params"]
+    params = getattr(params, "get", lambda _: params)("triton")  # (a dict of them, jax < 0.10)
+    warps = params.num_warps
+    return call.params["grid_mapping"].grid, call.outvars[1].aval.shape, warps
+
+  assert cut(_backward_call(gpu, spec, x)) == ((132,), (132, 1000), 8)  # the rule: 4 rows
+  monkeypatch.setitem(_pallas.GPU_TABLE, (1024, 2), (16, 4, 66))
+  assert cut(_backward_call(gpu, spec, x)) == ((66,), (66, 1000), 4)
+  assert _pallas._layout(gpu, 8192, 1000, 2).rows == 16
+  assert _pallas._layout(gpu, 8192, 1000, 4).rows == 4  # float32: still the rule
+  assert _pallas._layout(gpu, 5, 1000, 2).rows == 8  # (no more rows than a block needs)
 
 
 # -- compiled for the accelerators ---------------------------------------------------------
