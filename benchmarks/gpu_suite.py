@@ -20,13 +20,15 @@ rows), whose ``/Flax`` column is against the hand-written ``jnp`` form (``bench_
 
 First, ``pallas_device_check.py``: the Pallas kernels' outputs and gradients against
 float64 on the device (its JSON beside the suite's; a kernel with a wrong output is then
-left out of the timings and named). Raw results (JSON and a Markdown table, with the
+left out of the timings and named). After the cases, ``pallas_tune.py`` (``--tune``
+seconds): the GPU layouts of the Pallas kernels per row length and dtype, and the
+``GPU_TABLE`` entries the run supports. Raw results (JSON and a Markdown table, with the
 device's name) go to ``benchmarks/results/<device>/``; ``--budget`` seconds bound the run
 (cases in ``SUITE``'s order, the rest listed as skipped); ``--smoke`` runs tiny shapes on
 the CPU in seconds (``tests/test_gpu_suite.py``), so that the suite never rots between GPU
 runs.
 
-  python benchmarks/gpu_suite.py [--smoke] [--budget 420] [--out DIR] [--no-steps]
+  python benchmarks/gpu_suite.py [--smoke] [--budget 420] [--tune 180] [--out DIR] [--no-steps]
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import bench_modern  # noqa: E402
 import bench_norms  # noqa: E402
 import devtime  # noqa: E402
 import pallas_device_check  # noqa: E402
+import pallas_tune  # noqa: E402
 import peers  # noqa: E402
 
 BF16, F32 = jnp.bfloat16, jnp.float32
@@ -57,6 +60,10 @@ SUITE = [  # (shape's name, norm, shape, dtype), in the order they run
   ("GPT-2/ViT rows, 16384 tokens × 768", "layer", (32, 512, 768), F32),
   ("GPT-2/ViT rows, 16384 tokens × 768", "add_layer", (32, 512, 768), BF16),
   *(("Liger M = 4096", "layer", (1, 4096, n), F32) for n in (1024, 2048, 4096, 8192, 16384)),
+  # issue 55's rows beside them: small, long and wide (4096 × 16384 float32 is Liger's)
+  *(("rows 1024 × 1024", "layer", (1, 1024, 1024), dt) for dt in (BF16, F32)),
+  *(("rows 32768 × 2048", "layer", (1, 32768, 2048), dt) for dt in (BF16, F32)),
+  ("rows 4096 × 16384", "layer", (1, 4096, 16384), BF16),
   ("tokamax 768 × 768 × 128", "layer", (768, 768, 128), BF16),
   ("ResNet-50 conv2, 256 × 56 × 56 × 64", "batch_train", (256, 56, 56, 64), BF16),
   ("ResNet-50 conv2, 256 × 56 × 56 × 64", "batch_eval", (256, 56, 56, 64), BF16),
@@ -242,6 +249,7 @@ def main(argv=None):
   ap.add_argument("--no-steps", action="store_true", help="skip the whole training steps")
   ap.add_argument("--iterations", type=int, default=None)
   ap.add_argument("--cases", default=None, help="a regex over 'shape norm dtype'")
+  ap.add_argument("--tune", type=float, default=180.0, help="seconds for pallas_tune.py")
   args = ap.parse_args(argv)
   start = time.perf_counter()
   device = jax.devices()[0]
@@ -294,6 +302,10 @@ def main(argv=None):
     return meta
 
   write([])  # (the norms' rows are kept should a whole step fail)
+  if (args.smoke or device.platform != "cpu") and args.tune > 0:  # the GPU table's layouts
+    pallas_tune.main(
+      (["--smoke"] if args.smoke else []) + ["--budget", str(args.tune), "--out", out]
+    )
   steps = [] if args.no_steps or args.smoke else measure_steps(n)
   meta = write(steps)
   print(f"wrote {out}/gpu_suite.json and gpu_suite.md in {meta['seconds']:.0f} s", flush=True)

@@ -102,10 +102,15 @@ def _layout(target: Target, rows: int, d: int, itemsize: int) -> Layout:
   if target.interpret:  # small blocks and few programs: the tests cross block edges and
     # the persistent grid's programs loop, the last one's share short
     return Layout(8, dp, 0, 3)
-  # The rule: 4,096 elements a block (a row at least), 8 warps (fewer where the block
-  # holds under 512 elements a warp), a program per SM.
-  br, warps, programs = GPU_TABLE.get((dp, itemsize), (max(1, 4096 // dp), 8, SMS))
+  br, warps, programs = GPU_TABLE.get((dp, itemsize), gpu_rule(dp))
   return Layout(max(1, min(_next_power_of_2(rows), br)), dp, warps, programs)
+
+
+def gpu_rule(dp: int) -> tuple[int, int, int]:
+  """The GPU layout where :data:`GPU_TABLE` has no entry: 4,096 elements a block (a row at
+  least), 8 warps (fewer where the block holds under 512 elements a warp), a program per
+  SM."""
+  return max(1, 4096 // dp), 8, SMS
 
 
 def _compiler_params(target: Target, cut: Layout, semantics: Any = None) -> dict[str, Any]:

@@ -17,6 +17,10 @@ def test_smoke_run_writes_every_case(tmp_path):
     for pass_ in gpu_suite.PASSES:
       assert {(kind, pass_, "jaxnorm"), (kind, pass_, "flax"), (kind, pass_, "jnp")} <= impls
   assert ("add_rms", "fwd+bwd", "jaxnorm-pallas") in impls  # (the row kernels, interpreted)
+  tune = json.loads((tmp_path / "pallas_tune.json").read_text())  # (pallas_tune.py, after)
+  assert tune["meta"]["smoke"] and [len(c["layouts"]) for c in tune["cells"]] == [2]
+  assert all(c["error"] < 1e-5 for c in tune["cells"][0]["layouts"])
+  assert (tmp_path / "pallas_tune.md").read_text().startswith("# Pallas GPU layouts: cpu")
   for r in rows:
     assert r["method"].startswith("loop") and r["device_us"] >= 0 and r["wall_us"] > 0, r
     assert r["cache"] == "n/a"
@@ -88,3 +92,33 @@ def test_pallas_device_check_smoke(tmp_path):
   saved = json.loads((tmp_path / "pallas_device_check.json").read_text())
   assert len(saved["rows"]) == len(pallas_device_check.SMOKE)
   assert all(r["pallas_vs_float64"] < 1e-5 for r in saved["rows"])
+
+
+def test_the_tune_commits_only_layouts_that_beat_the_rule_and_agree_with_xla():
+  """A layout enters ``GPU_TABLE`` where it took under 97 % of the rule's time with outputs
+  that agree with XLA's; a faster layout with wrong outputs, or a win within noise, does
+  not. The candidates start with the rule's layout and never repeat it."""
+  from benchmarks import pallas_tune
+
+  rule = (1, 8, 132)
+
+  def cell(d, dtype, *timed):
+    layouts = [dict(layout=list(lay), us=us, error=err) for lay, us, err in timed]
+    return dict(d=d, dtype=dtype, layouts=layouts)
+
+  cells = [
+    cell(4096, "bfloat16", (rule, 100.0, 1e-3), ((2, 8, 132), 90.0, 1e-3), ((1, 4, 66), 80.0, 0.5)),
+    cell(8192, "bfloat16", ((1, 8, 132), 100.0, 1e-3), ((1, 16, 132), 98.0, 1e-3)),
+    cell(768, "float32", ((5, 8, 132), 100.0, 0.0), ((5, 4, 264), 50.0, 1e-6)),
+  ]
+  table = pallas_tune.decide(cells, {"bfloat16": 2e-2, "float32": 1e-4})
+  assert table == {(4096, 2): (2, 8, 132), (1024, 4): (5, 4, 264)}
+  for d, count in ((768, 18), (4096, 18), (16384, 9)):  # (16,384: one row a block at most)
+    got = pallas_tune.candidates(d)
+    assert got[0] == jaxnorm_rule(d) and len(set(got)) == len(got) == count
+
+
+def jaxnorm_rule(d):
+  from jaxnorm import _pallas
+
+  return _pallas.gpu_rule(1 << (d - 1).bit_length())
