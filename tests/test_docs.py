@@ -35,8 +35,12 @@ def test_no_guide_normalizes_with_parameters_fixed_outside_the_model():
     assert not fixed.search(page.read_text()), page
 
 
-def test_code_and_outputs_wrap_in_the_rendered_pages():
-  """Long code lines were cut at the content column's right edge."""
+def test_code_scrolls_and_outputs_wrap_in_the_rendered_pages():
+  """Long code lines were cut at the content column's right edge, then wrapped to column 0
+  (read as dedented Python): code now scrolls sideways with its lines whole, and outputs
+  wrap."""
   css = (DOCS / "_static" / "custom.css").read_text()
-  rule = re.search(r"\.bd-article pre\s*\{([^}]*)\}", css)
-  assert rule and "white-space: pre-wrap" in rule.group(1)
+  code = re.search(r"\.bd-article pre\s*\{([^}]*)\}", css)
+  assert code and "white-space: pre;" in code.group(1) and "overflow-x: auto" in code.group(1)
+  outputs = re.search(r"\.bd-article \.cell_output pre\s*\{([^}]*)\}", css)
+  assert outputs and "white-space: pre-wrap" in outputs.group(1)
