@@ -25,6 +25,9 @@ def test_the_transformer_guide_has_each_block_in_linen_and_nnx():
     assert needle in nnx, needle
   assert all(n in linen and n in nnx for n in both)
   assert "guides/transformer" in (DOCS / "index.md").read_text()
+  # deep stacks: scanned layers and remat, in both (each checked against a Python loop)
+  for needle in ("nn.scan(", "nn.remat(", "nnx.scan(", "nnx.remat", "nnx.vmap("):
+    assert needle in code, needle
 
 
 def test_no_guide_normalizes_with_parameters_fixed_outside_the_model():
