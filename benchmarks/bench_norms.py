@@ -25,9 +25,11 @@ tables give every implementation's time and jaxnorm's against the best peer (the
 Flax and the libraries).
 
 Writes ``bench_norms.json``, ``bench_norms.md`` (tables) and ``bench_norms.png`` into
-``--out`` and says which device it measured; runs unchanged on a GPU or TPU.
+``--out`` (by default ``benchmarks/results``; a subset — ``--only``, ``--quick`` or one
+dtype — into ``benchmarks/results/partial``, never over the committed full tables) and says
+which device it measured; runs unchanged on a GPU or TPU.
 
-  python benchmarks/bench_norms.py [--out benchmarks/results] [--repeats 15] [--quick]
+  python benchmarks/bench_norms.py [--out DIR] [--repeats 15] [--quick]
       [--dtypes float32 bfloat16] [--only layer/tfm768 group] [--no-peers]
 """
 
@@ -339,13 +341,31 @@ def geomean(values):
   return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
 
 
+def selected(only):
+  """The cases ``(norm, shape)`` whose ``'norm/shape'`` contains one of ``only`` (all for
+  None); a filter that matches nothing is an error naming the cases."""
+  cases = [c for c in CASES if not only or any(o in f"{c[0]}/{c[1]}" for o in only)]
+  if not cases:
+    names = ", ".join(f"{k}/{s}" for k, s in CASES)
+    raise SystemExit(f"--only {' '.join(only)} matches no case; the cases are: {names}")
+  return cases
+
+
+def output_dir(out, partial):
+  """Where a run writes: ``out`` as given, else ``benchmarks/results`` for a full run and
+  ``benchmarks/results/partial`` (not committed) for a subset (``--only``, ``--quick``, one
+  dtype), so that a subset never overwrites the committed full tables."""
+  if out is not None:
+    return out
+  return os.path.join("benchmarks", "results", *(["partial"] if partial else []))
+
+
 def run(shapes, repeats, dtypes, only=None, libs=None, pallas=False):
   rows = []
+  cases = selected(only)
   for dtype_name in dtypes:
     dtype = DTYPES[dtype_name]
-    for kind, shape_name in CASES:
-      if only and not any(o in f"{kind}/{shape_name}" for o in only):
-        continue
+    for kind, shape_name in cases:
       x, cot = inputs(kind, shapes[shape_name], dtype)
       x0 = x[0] if isinstance(x, tuple) else x
       impls = build(kind, x, dtype, cot, libs, pallas)
@@ -540,7 +560,7 @@ def _implementations(rows):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", default="benchmarks/results")
+  ap.add_argument("--out", default=None, help="default: benchmarks/results (a subset: ./partial)")
   ap.add_argument("--repeats", type=int, default=15)
   ap.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
   ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
@@ -561,6 +581,9 @@ def main(argv=None):
   libs = {} if args.no_peers else peers.available()
   print(f"peers: {', '.join(libs) or 'none'} (pip install -e '.[bench]' for all)", flush=True)
   shapes = QUICK_SHAPES if args.quick else SHAPES
+  selected(args.only)  # (before any timing: a filter matching nothing stops here)
+  partial = bool(args.only or args.quick) or set(args.dtypes) != set(DTYPES)
+  out = output_dir(args.out, partial)
   rows = run(shapes, args.repeats, args.dtypes, args.only, libs, pallas)
   summary = summarize(rows)
   for key, s in summary.items():
@@ -578,7 +601,8 @@ def main(argv=None):
         f"/flax {k['time']:.3f} (worst {k['max_time']:.3f}), worst / tokamax triton "
         f"{k['max_vs_tokamax_triton']:.3f}"
       )
-  write(args.out, rows, summary, device, args)
+  write(out, rows, summary, device, args)
+  print(f"wrote {out}/bench_norms.json, .md and .png", flush=True)
   print(json.dumps(dict(device=device, summary=summary)))
 
 

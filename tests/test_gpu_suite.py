@@ -122,3 +122,22 @@ def jaxnorm_rule(d):
   from jaxnorm import _pallas
 
   return _pallas.gpu_rule(1 << (d - 1).bit_length())
+
+
+def test_a_subset_of_bench_norms_never_overwrites_the_full_tables():
+  """``bench_norms.py --only <subset>`` wrote its subset over the committed full results,
+  and a filter matching nothing wrote empty tables, then crashed: a subset now goes to
+  ``results/partial`` unless ``--out`` says otherwise, and an empty filter stops at once,
+  naming the cases."""
+  import pytest
+
+  from benchmarks import bench_norms
+
+  assert bench_norms.output_dir(None, partial=False) == "benchmarks/results"
+  assert bench_norms.output_dir(None, partial=True) == "benchmarks/results/partial"
+  assert bench_norms.output_dir("elsewhere", partial=True) == "elsewhere"
+  assert bench_norms.selected(["group"]) and all(
+    k == "group" for k, _ in bench_norms.selected(["group"])
+  )
+  with pytest.raises(SystemExit, match="matches no case; the cases are: .*layer/tfm768"):
+    bench_norms.main(["--quick", "--only", "no-such-norm"])
