@@ -455,3 +455,57 @@ def test_tpu_sharded_programs_compile_ahead_of_time(name, make, shape, spec):
       size = ",".join(map(str, shape))
       assert not re.search(rf"f32\[{size}\]\S* all-gather", compiled.as_text())
   assert counts["jaxnorm"] <= counts["flax.linen"], counts
+
+
+# -- H100 programs, compiled without a GPU (the CUDA plugin) ----------------------------------
+
+
+def _h100_mesh():
+  try:
+    import jax_cuda12_plugin  # noqa: F401
+  except ImportError:
+    if os.environ.get("JAXNORM_REQUIRE_CUDA") == "1":
+      raise
+    pytest.skip('the CUDA plugin is not installed: pip install "jax-cuda12-plugin[with-cuda]"')
+  return programs.gpu_mesh()
+
+
+H100_NORMS = [  # (bench_norms kind, shape): rows, maps and Add & Norm users train with
+  ("layer", (16, 512, 768)),
+  ("rms", (4, 1024, 4096)),
+  ("layer", (4, 1024, 4096)),
+  ("batch_train", (32, 56, 56, 64)),
+  ("group", (32, 56, 56, 64)),
+  ("instance", (32, 56, 56, 64)),
+  ("add_rms", (16, 512, 768)),
+]
+
+
+H100_EXTRA_KERNELS = {  # (kind, width, dtype): kernels beyond Flax's, forward+backward
+  ("layer", 4096, "bfloat16"): 1,
+  ("batch_train", 64, "float32"): 1,
+  ("instance", 64, "bfloat16"): 1,
+}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("kind,shape", H100_NORMS, ids=[f"{k}-{s[-1]}" for k, s in H100_NORMS])
+def test_h100_programs_cost_what_flax_costs(kind, shape, dtype):
+  """Compiled for an H100 (``benchmarks/gpu_programs.py``'s programs and bytes model): the
+  forward+backward moves no more bytes than Flax's and launches no more kernels (one more
+  for LayerNorm over 4,096-wide bfloat16 rows, XLA:GPU's split of its derivative), and the
+  forward moves no more bytes (BatchNorm training and LayerNorm over a map take more
+  kernels forward: the shifts' slices, a known limit). One small kernel more than Flax's
+  forward+backward where XLA:GPU splits the derivative's reductions: LayerNorm over
+  4,096-wide bfloat16 rows, float32 BatchNorm training and bfloat16 InstanceNorm on a
+  ResNet map (bytes within Flax's). Until these, the H100 programs had no test: a change to
+  the statistics could cost the GPU programs and pass every test."""
+  import gpu_programs  # noqa: PLC0415 (benchmarks/ is on the path: accelerator_programs)
+
+  compiled, nbytes = gpu_programs._programs(kind, shape, dtype, _h100_mesh())
+  for program in ("forward", "fwd+bwd"):
+    k, b = gpu_programs.kernels_and_bytes(compiled[("jaxnorm", program)].as_text())
+    kf, bf = gpu_programs.kernels_and_bytes(compiled[("flax", program)].as_text())
+    assert b <= 1.005 * bf, (program, b / nbytes, bf / nbytes)
+    if program == "fwd+bwd":
+      assert k <= kf + H100_EXTRA_KERNELS.get((kind, shape[-1], dtype), 0), (program, k, kf)
