@@ -200,7 +200,16 @@ def sharded_like(small: jax.Array, x: jax.Array) -> jax.Array:
   want = [spec[i] if d != 1 else None for i, d in enumerate(jnp.shape(small))]
   if not any(want):
     return small
-  return jax.sharding.reshard(small, jax.sharding.PartitionSpec(*want))
+  return resharded(small, x, want)
+
+
+def resharded(a: jax.Array, like: jax.Array, spec: Any) -> jax.Array:
+  """``a`` resharded to ``spec`` on the mesh of ``like``'s type: a ``NamedSharding``, since
+  a bare ``PartitionSpec`` needs ``jax.set_mesh``, which a user who puts arrays onto
+  an explicit mesh (``jax.make_mesh``'s default) never entered."""
+  mesh = jax.typeof(like).sharding.mesh
+  spec = jax.sharding.PartitionSpec(*spec)
+  return jax.sharding.reshard(a, jax.sharding.NamedSharding(mesh, spec))
 
 
 def shifts(x, axes, groups=None):
@@ -278,7 +287,7 @@ def _merged(parts, axes, blocks=1):
   spec = list(getattr(jax.typeof(stacked).sharding, "spec", ())) + [None] * stacked.ndim
   if any(spec):  # (explicit sharding: the blocks resharded whole, one all-gather)
     spec[a + 1] = None
-    stacked = jax.sharding.reshard(stacked, jax.sharding.PartitionSpec(*spec[: stacked.ndim]))
+    stacked = resharded(stacked, stacked, spec[: stacked.ndim])
   else:  # (a gather by index, which GSPMD does on the stack replicated: one collective)
     stacked = jnp.take(stacked, jnp.arange(blocks), axis=a + 1)
   merged = _merge_along(stacked, a)

@@ -91,6 +91,32 @@ def test_no_more_collectives_than_flax_under_gspmd(name, make, shape, spec, mode
       assert sum(got.values()) <= sum(flax.values()), (program, got, flax)
 
 
+@pytest.mark.parametrize("name,make,shape,spec", [pytest.param(*c, id=c[0]) for c in CASES])
+def test_explicit_sharding_outside_set_mesh(name, make, shape, spec):
+  """Inputs ``device_put`` onto an explicit mesh (``jax.make_mesh``'s default axis type),
+  the step run outside ``jax.set_mesh``, as Flax's norms allow: BatchNorm's training
+  ``init`` raised there ("Using PartitionSpec when you are not under a mesh context", from
+  the reshard of its stacked sums). Every norm now runs forward and backward with the
+  values of the same input on one device."""
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+  x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+  module = make(jaxnorm)
+
+  def run(x):
+    variables = module.init(jax.random.key(0), x)
+    mutable = ["batch_stats"] if "batch_stats" in variables else False
+
+    def loss(params, x):
+      out = module.apply({**variables, "params": params}, x, mutable=mutable)
+      return jnp.sum(jnp.sin(out[0] if mutable else out))
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(variables["params"], x)
+
+  sharded, local = run(jax.device_put(x, NamedSharding(mesh, spec))), run(jnp.asarray(x))
+  for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(local), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
   "make",
   [
