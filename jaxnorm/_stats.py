@@ -242,10 +242,19 @@ def on_platform(*args: Any, default: Any, **branches: Any) -> Any:
   return lax.platform_dependent(*args, default=default, **branches)
 
 
-def on_mesh(x: Any) -> bool:
-  """Whether ``x``'s type places it on a mesh that GSPMD may split (an axis of more than
-  one device that is not manual): its reductions may then cross devices."""
+def _mesh_of(x: Any) -> Any:
+  """The mesh of ``x``'s type, else the one ``jax.set_mesh`` set while tracing (a step
+  jitted with ``in_shardings`` traces unsharded types under it), else None."""
   mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
+  if not getattr(mesh, "axis_sizes", ()):
+    mesh = jax.sharding.get_abstract_mesh()
+  return mesh
+
+
+def on_mesh(x: Any) -> bool:
+  """Whether ``x`` may lie on a mesh that GSPMD may split (an axis of more than one device
+  that is not manual, :func:`_mesh_of`): its reductions may then cross devices."""
+  mesh = _mesh_of(x)
   types = getattr(mesh, "axis_types", ()) or ()
   sizes = getattr(mesh, "axis_sizes", ()) or ()
   return any(
@@ -308,7 +317,7 @@ def _mesh_size(x):
   its axes (1 off a mesh)."""
   if not on_mesh(x):
     return 1
-  mesh = jax.typeof(x).sharding.mesh
+  mesh = _mesh_of(x)
   manual = jax.sharding.AxisType.Manual
   sizes = zip(mesh.axis_sizes, mesh.axis_types, strict=True)
   return math.prod(n for n, t in sizes if t != manual)

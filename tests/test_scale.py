@@ -91,6 +91,41 @@ def test_no_more_collectives_than_flax_under_gspmd(name, make, shape, spec, mode
       assert sum(got.values()) <= sum(flax.values()), (program, got, flax)
 
 
+@pytest.mark.parametrize(
+  "name,make,shape,spec", [pytest.param(*c, id=c[0]) for c in CASES if c[0] != "batch_eval"]
+)
+def test_a_step_jitted_with_in_shardings_under_set_mesh_takes_flaxs_collectives(
+  name, make, shape, spec
+):
+  """``jax.jit(step, in_shardings=...)`` on host arrays inside ``jax.set_mesh``: the step
+  traces unsharded types, and the norms took the single-device program, whose checked
+  variance GSPMD split with a conditional and one all-reduce more than Flax's (BatchNorm
+  3 against 2, LayerNorm, RMSNorm, GroupNorm 2 against 1). The mesh ``set_mesh`` sets now
+  counts as the input's (``_stats._mesh_of``): Flax's collectives, no conditional."""
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+  x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+  counts = []
+  for lib in (jaxnorm, nn):
+    module = make(lib)
+    variables = module.init(jax.random.key(0), x)
+    mutable = ["batch_stats"] if "batch_stats" in variables else False
+
+    def step(params, x, module=module, variables=variables, mutable=mutable):
+      def loss(params):
+        out = module.apply({**variables, "params": params}, x, mutable=mutable)
+        return jnp.sum(jnp.sin(out[0] if mutable else out))
+
+      return jax.value_and_grad(loss)(params)
+
+    replicated = jax.tree.map(lambda _: NamedSharding(mesh, P()), variables["params"])
+    with jax.set_mesh(mesh):
+      fn = jax.jit(step, in_shardings=(replicated, NamedSharding(mesh, spec)))
+      text = fn.lower(variables["params"], x).compile().as_text()
+    counts.append(_ops(text, (*COLLECTIVES, "conditional")))
+  ours, flax = counts
+  assert ours["conditional"] == 0 and sum(ours.values()) <= sum(flax.values()), (ours, flax)
+
+
 @pytest.mark.parametrize("name,make,shape,spec", [pytest.param(*c, id=c[0]) for c in CASES])
 def test_explicit_sharding_outside_set_mesh(name, make, shape, spec):
   """Inputs ``device_put`` onto an explicit mesh (``jax.make_mesh``'s default axis type),
