@@ -244,10 +244,18 @@ def on_platform(*args: Any, default: Any, **branches: Any) -> Any:
 
 def _mesh_of(x: Any) -> Any:
   """The mesh of ``x``'s type, else the one ``jax.set_mesh`` set while tracing (a step
-  jitted with ``in_shardings`` traces unsharded types under it), else None."""
+  jitted with ``in_shardings`` traces unsharded types under it), else the legacy
+  ``with mesh:`` one (deprecated by JAX, still used), else None."""
   mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
   if not getattr(mesh, "axis_sizes", ()):
     mesh = jax.sharding.get_abstract_mesh()
+  if not getattr(mesh, "axis_sizes", ()):
+    try:  # (JAX's private record of the legacy context; absent, nothing is known)
+      from jax._src.mesh import thread_resources
+
+      mesh = thread_resources.env.physical_mesh
+    except (ImportError, AttributeError):
+      return None
   return mesh
 
 

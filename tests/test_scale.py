@@ -91,17 +91,32 @@ def test_no_more_collectives_than_flax_under_gspmd(name, make, shape, spec, mode
       assert sum(got.values()) <= sum(flax.values()), (program, got, flax)
 
 
+def _legacy(mesh):
+  """``with mesh:``, which JAX deprecates (a warning from jax 0.10) but users still write."""
+  import contextlib
+  import warnings
+
+  stack = contextlib.ExitStack()
+  stack.enter_context(warnings.catch_warnings())
+  warnings.simplefilter("ignore", DeprecationWarning)
+  stack.enter_context(mesh)
+  return stack
+
+
+@pytest.mark.parametrize("context", ["set_mesh", "legacy"])
 @pytest.mark.parametrize(
   "name,make,shape,spec", [pytest.param(*c, id=c[0]) for c in CASES if c[0] != "batch_eval"]
 )
-def test_a_step_jitted_with_in_shardings_under_set_mesh_takes_flaxs_collectives(
-  name, make, shape, spec
+def test_a_step_jitted_with_in_shardings_under_a_mesh_takes_flaxs_collectives(
+  name, make, shape, spec, context
 ):
-  """``jax.jit(step, in_shardings=...)`` on host arrays inside ``jax.set_mesh``: the step
-  traces unsharded types, and the norms took the single-device program, whose checked
-  variance GSPMD split with a conditional and one all-reduce more than Flax's (BatchNorm
-  3 against 2, LayerNorm, RMSNorm, GroupNorm 2 against 1). The mesh ``set_mesh`` sets now
-  counts as the input's (``_stats._mesh_of``): Flax's collectives, no conditional."""
+  """``jax.jit(step, in_shardings=...)`` on host arrays inside ``jax.set_mesh`` or the
+  legacy ``with mesh:``: the step traces unsharded types, and the norms took the
+  single-device program, whose checked variance GSPMD split with a conditional and more
+  all-reduces than Flax's (inside ``set_mesh`` BatchNorm 3 against 2, LayerNorm, RMSNorm,
+  GroupNorm 2 against 1; BatchNorm 5 and a collective-permute under ``with mesh:``). The
+  context's mesh now counts as the input's (``_stats._mesh_of``): Flax's collectives, no
+  conditional."""
   mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
   x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
   counts = []
@@ -118,7 +133,7 @@ def test_a_step_jitted_with_in_shardings_under_set_mesh_takes_flaxs_collectives(
       return jax.value_and_grad(loss)(params)
 
     replicated = jax.tree.map(lambda _: NamedSharding(mesh, P()), variables["params"])
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(mesh) if context == "set_mesh" else _legacy(mesh):
       fn = jax.jit(step, in_shardings=(replicated, NamedSharding(mesh, spec)))
       text = fn.lower(variables["params"], x).compile().as_text()
     counts.append(_ops(text, (*COLLECTIVES, "conditional")))
