@@ -45,7 +45,7 @@ BEATS = 0.97  # a measured entry replaces the rule where it takes under 97 % of 
 def candidates(d: int) -> list[tuple[int, int, int]]:
   """The rule's layout first, then blocks of the rule's rows and of twice as many (up to
   8,192 elements), with 4, 8 or 16 warps, over half, one or two programs per SM."""
-  dp = 1 << (d - 1).bit_length()
+  dp = _pallas._next_power_of_2(d)
   rule = _pallas.gpu_rule(dp)
   rows = [r for r in (rule[0], rule[0] * 2) if r * dp <= max(dp, 8192)]
   sms = _pallas.SMS
@@ -80,7 +80,7 @@ def measure_cell(d, dtype, layouts, n, min_seconds, deadline, elements=ELEMENTS)
   )
   xla, method = devtime.device_time(_step("xla"), args, n=n, min_seconds=min_seconds)
   reference = _step("xla")(*args)
-  key = (1 << (d - 1).bit_length(), dtype.itemsize)
+  key = (_pallas._next_power_of_2(d), dtype.itemsize)
   out = dict(d=d, dtype=dtype.name, rows=rows, floor_us=floor * 1e6, xla_us=xla * 1e6)
   out.update(method=method, layouts=[])
   saved = _pallas.GPU_TABLE.get(key)
@@ -123,7 +123,7 @@ def decide(cells, tolerance):
       continue
     best = min(fine, key=lambda c: c["us"])
     if best["us"] < BEATS * cell["layouts"][0]["us"]:
-      key = (1 << (cell["d"] - 1).bit_length(), jnp.dtype(cell["dtype"]).itemsize)
+      key = (_pallas._next_power_of_2(cell["d"]), jnp.dtype(cell["dtype"]).itemsize)
       table[key] = tuple(best["layout"])
   return table
 

@@ -382,8 +382,10 @@ def _row_block(br: int, dp: int) -> pl.BlockSpec:
   return pl.BlockSpec((br, dp), lambda i: (i, 0))
 
 
-def _shared_block(dp: int) -> pl.BlockSpec:
-  return pl.BlockSpec((1, dp), lambda i: (0, 0))
+def _fixed_block(shape: tuple[int, ...]) -> pl.BlockSpec:
+  """A block at the origin at every point of any grid: shared parameters, ε, and the
+  arrays the GPU's persistent programs index themselves."""
+  return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
 
 
 def _forward_on(target, spec, x, residual, scale, bias, mask, eps, y_dtype, h_dtype):
@@ -391,8 +393,8 @@ def _forward_on(target, spec, x, residual, scale, bias, mask, eps, y_dtype, h_dt
   cut = _layout(target, rows, spec.d, x.dtype.itemsize)
   br, dp = cut.rows, cut.columns
   operands = [x, residual, scale, bias, mask, eps]
-  blocks = [_row_block(br, dp), _row_block(br, dp), _shared_block(dp), _shared_block(dp),
-            _row_block(br, dp), pl.BlockSpec((1, 1), lambda i: (0, 0))]  # fmt: skip
+  blocks = [_row_block(br, dp), _row_block(br, dp), _fixed_block((1, dp)), _fixed_block((1, dp)),
+            _row_block(br, dp), _fixed_block((1, 1))]  # fmt: skip
   keep = [o is not None for o in operands]
   out_shape = [jax.ShapeDtypeStruct(x.shape, y_dtype)]
   out_blocks = [_row_block(br, dp)]
@@ -432,18 +434,16 @@ def _backward_on(target, spec, x, scale, mask, eps, dy, dh, dx_dtypes):
     # columns, which every program indexes itself (past the array's edge, Triton's
     # accesses are masked and the interpreter pads)
     grid = (min(cut.programs, blocks),)
-    row = pl.BlockSpec((blocks * br, dp), lambda *_: (0, 0))
+    row = _fixed_block((blocks * br, dp))
     kernel = functools.partial(
       _persistent_backward_kernel, spec=spec, rows=rows, br=br, dp=dp, programs=grid[0],
       masked=not target.interpret, gradients=len(dx_dtypes),
     )  # fmt: skip
     partial = jax.ShapeDtypeStruct((grid[0], spec.d), jnp.float32)
-    partial_block = pl.BlockSpec((grid[0], dp), lambda *_: (0, 0))
-  scalar = pl.BlockSpec((1, 1), lambda *_: (0, 0))
-  shared = pl.BlockSpec((1, dp), lambda *_: (0, 0))
+    partial_block = _fixed_block((grid[0], dp))
   operands = [x, scale, mask, eps, dy, dh]
   keep = [o is not None for o in operands]
-  in_blocks = [row, shared, row, scalar, row, row]
+  in_blocks = [row, _fixed_block((1, dp)), row, _fixed_block((1, 1)), row, row]
   out_shape = [jax.ShapeDtypeStruct(x.shape, dt) for dt in dx_dtypes]
   out_blocks = [row] * len(dx_dtypes)
   for present in (spec.has_scale, spec.has_bias):

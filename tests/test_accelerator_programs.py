@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 import jaxnorm
 from benchmarks import accelerator_programs as programs
 from tests import reference as ref
+from tests.devices import h100_mesh, tpu_devices
 
 NORMS = [  # (name, module factory, shape, reduced axes, ε)
   ("batch", lambda m: m.BatchNorm(use_running_average=False), (16, 4, 4, 8), (0, 1, 2), 1e-5),
@@ -322,18 +323,6 @@ def test_sharded_program_hits_the_persistent_cache_in_a_second_process(tmp_path)
 # -- TPU programs, compiled without a TPU (libtpu) -----------------------------------------
 
 
-def _tpu_devices(topology="v5e:2x2"):
-  try:
-    import libtpu  # noqa: F401
-  except ImportError:
-    if os.environ.get("JAXNORM_REQUIRE_TPU") == "1":
-      raise
-    pytest.skip('libtpu is not installed: pip install "jax[tpu]==<jax\'s version>"')
-  from jax.experimental import topologies
-
-  return topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
-
-
 TPU_NORMS = [  # (bench_norms kind, shape): bench_norms._module's BatchNorm, LayerNorm, ...
   ("batch_train", (32, 16, 16, 128)),
   ("layer", (8, 256, 768)),
@@ -364,7 +353,7 @@ def test_tpu_programs_cost_what_flax_costs(kind, shape, dtype):
   small kernel more (RESULTS item 51). Add & LayerNorm's forward may read x once more
   (the point's allowance for exact statistics: its rough mean's slices, 1.03× at 768 wide);
   forward+backward it too is within Flax's bytes (it read h once more, 1.03×, item 52)."""
-  devices = _tpu_devices()
+  devices = tpu_devices()
   mesh = Mesh(np.array(devices[:1]), ("d",))
   compiled, nbytes = programs.programs(kind, shape, dtype, NamedSharding(mesh, P()))
   for program in ("forward", "fwd+bwd"):
@@ -387,7 +376,7 @@ def test_tpu_batch_renorm_costs_batch_norm_and_its_step_counter(dtype):
   program (the step counter's copy to the scalar unit, the small kernel of ``r`` and
   ``d``; 11 against 3 before RESULTS item 53, 6 before item 58), and no more kernels or
   bytes than the hand-written form (17 kernels forward, 21 forward+backward)."""
-  devices = _tpu_devices()
+  devices = tpu_devices()
   replicated = NamedSharding(Mesh(np.array(devices[:1]), ("d",)), P())
   dt = jnp.dtype(dtype)
   x = jax.ShapeDtypeStruct((32, 16, 16, 64), dt, sharding=replicated)
@@ -436,7 +425,7 @@ def test_tpu_sharded_programs_compile_ahead_of_time(name, make, shape, spec):
   no TPU emitter): no more collectives than Flax's, and no all-gather of x (where a minor
   dimension was sharded, a sharded D or H, XLA:TPU once gathered the four sums apart: 4
   collectives against Flax's 1, until the blocks' sums were stacked into one gather)."""
-  devices = _tpu_devices()
+  devices = tpu_devices()
   mesh = Mesh(np.array(devices[:4]).reshape(2, 2), ("a", "b"))
   spec = P(*(("a" if e == "a" else "b" if e == "b" else None) for e in spec))
   x = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec))
@@ -458,16 +447,6 @@ def test_tpu_sharded_programs_compile_ahead_of_time(name, make, shape, spec):
 
 
 # -- H100 programs, compiled without a GPU (the CUDA plugin) ----------------------------------
-
-
-def _h100_mesh():
-  try:
-    import jax_cuda12_plugin  # noqa: F401
-  except ImportError:
-    if os.environ.get("JAXNORM_REQUIRE_CUDA") == "1":
-      raise
-    pytest.skip('the CUDA plugin is not installed: pip install "jax-cuda12-plugin[with-cuda]"')
-  return programs.gpu_mesh()
 
 
 H100_NORMS = [  # (bench_norms kind, shape): rows, maps and Add & Norm users train with
@@ -502,7 +481,7 @@ def test_h100_programs_cost_what_flax_costs(kind, shape, dtype):
   the statistics could cost the GPU programs and pass every test."""
   import gpu_programs  # noqa: PLC0415 (benchmarks/ is on the path: accelerator_programs)
 
-  compiled, nbytes = gpu_programs._programs(kind, shape, dtype, _h100_mesh())
+  compiled, nbytes = gpu_programs._programs(kind, shape, dtype, h100_mesh())
   for program in ("forward", "fwd+bwd"):
     k, b = gpu_programs.kernels_and_bytes(compiled[("jaxnorm", program)].as_text())
     kf, bf = gpu_programs.kernels_and_bytes(compiled[("flax", program)].as_text())

@@ -121,7 +121,7 @@ def test_the_tune_commits_only_layouts_that_beat_the_rule_and_agree_with_xla():
 def jaxnorm_rule(d):
   from jaxnorm import _pallas
 
-  return _pallas.gpu_rule(1 << (d - 1).bit_length())
+  return _pallas.gpu_rule(_pallas._next_power_of_2(d))
 
 
 def test_a_subset_of_bench_norms_never_overwrites_the_full_tables():

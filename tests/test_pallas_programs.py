@@ -8,7 +8,6 @@ the compilers are installed (CI installs each in its own step: ``.ci/run``), eve
 compiled for TPU v5e and v6e (Mosaic, libtpu) and for an H100 (Triton, the CUDA plugin)."""
 
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +16,7 @@ import pytest
 
 import jaxnorm
 from jaxnorm import _pallas
+from tests.devices import h100_mesh, tpu_devices
 from tests.test_pallas import EPS, _close, _data, _formula
 
 CLASSES = (768, 1000, 4096, 8192, 16384)  # row lengths: GPT-2, ragged, Llama, wide, widest
@@ -94,39 +94,50 @@ def test_the_tpu_backward_keeps_one_row_of_partials_per_core(layout):
 # -- traffic by construction ---------------------------------------------------------------
 
 
-def _backward_call(target, spec, x, gradients=1, residual_dtype=None):
-  d = spec.d
-  shared = jax.ShapeDtypeStruct((1, d), jnp.float32)
+def _avals(spec, x, residual_dtype):
+  """The abstract operands beside x: a row of parameters, ε, the mask (or None) and the
+  residual stream's rows in ``residual_dtype`` (x itself without a residual)."""
+  row = jax.ShapeDtypeStruct((1, spec.d), jnp.float32)
   eps = jax.ShapeDtypeStruct((1, 1), jnp.float32)
   mask = jax.ShapeDtypeStruct(x.shape, jnp.int8) if spec.has_mask else None
   h = jax.ShapeDtypeStruct(x.shape, residual_dtype) if spec.has_residual else x
-  dh = h if spec.has_residual else None
+  return row, eps, mask, h
+
+
+def _kernel_call(fn, *args):
+  """The one ``pallas_call`` of ``fn(*args)``'s jaxpr."""
+  (call,) = [e for e in jax.make_jaxpr(fn)(*args).eqns if e.primitive.name == "pallas_call"]
+  return call
+
+
+def _backward_call(target, spec, x, gradients=1, residual_dtype=None):
+  row, eps, mask, h = _avals(spec, x, residual_dtype)
   dtypes = (x.dtype, h.dtype)[:gradients]
 
   def backward(*a):
     return _pallas._backward_on(target, spec, *a, dtypes)
 
-  jaxpr = jax.make_jaxpr(backward)(h, shared if spec.has_scale else None, mask, eps, x, dh)
-  (call,) = [e for e in jaxpr.eqns if e.primitive.name == "pallas_call"]
-  return call
+  scale = row if spec.has_scale else None
+  return _kernel_call(backward, h, scale, mask, eps, x, h if spec.has_residual else None)
 
 
 def _forward_call(target, spec, x, residual_dtype=None):
-  d = spec.d
-  shared = jax.ShapeDtypeStruct((1, d), jnp.float32)
-  eps = jax.ShapeDtypeStruct((1, 1), jnp.float32)
-  mask = jax.ShapeDtypeStruct(x.shape, jnp.int8) if spec.has_mask else None
-  r = jax.ShapeDtypeStruct(x.shape, residual_dtype) if spec.has_residual else None
-  h_dtype = residual_dtype if spec.has_residual else None
+  row, eps, mask, h = _avals(spec, x, residual_dtype)
+  h_dtype = h.dtype if spec.has_residual else None
 
   def forward(x, r, g, b, m, e):
     return _pallas._forward_on(target, spec, x, r, g, b, m, e, x.dtype, h_dtype)
 
-  g = shared if spec.has_scale else None
-  b = shared if spec.has_bias else None
-  jaxpr = jax.make_jaxpr(forward)(x, r, g, b, mask, eps)
-  (call,) = [e for e in jaxpr.eqns if e.primitive.name == "pallas_call"]
-  return call
+  residual = h if spec.has_residual else None
+  g, b = (row if spec.has_scale else None), (row if spec.has_bias else None)
+  return _kernel_call(forward, x, residual, g, b, mask, eps)
+
+
+def _block_shape(bm):
+  """A block mapping's block shape as integers (``Blocked`` sizes or plain ints; a squeezed
+  dimension, None, is 1)."""
+  sizes = [getattr(b, "block_size", b) for b in bm.block_shape]
+  return [1 if b is None else b for b in sizes]
 
 
 def _nbytes(aval):
@@ -147,8 +158,7 @@ def _block_traffic(call):
   total = 0
   for bm in gm.block_mappings:
     shape = bm.array_aval.shape
-    block = [getattr(b, "block_size", b) for b in bm.block_shape]
-    block = [1 if b is None else b for b in block]
+    block = _block_shape(bm)
     itemsize = bm.array_aval.dtype.itemsize
     for run in runs:
       last = None
@@ -241,8 +251,7 @@ def test_gpu_traffic_by_construction_is_the_least_plus_a_row_of_partials_per_pro
     br = _pallas._layout(gpu, rows, d, jnp.dtype(dtype).itemsize).rows
     assert programs == min(132, -(-rows // br))
     for bm in gm.block_mappings:  # whole arrays (the programs index them)
-      block = [getattr(b, "block_size", b) for b in bm.block_shape]
-      assert all(b >= n for b, n in zip(block, bm.array_aval.shape, strict=True))
+      assert all(b >= n for b, n in zip(_block_shape(bm), bm.array_aval.shape, strict=True))
     partials = [v.aval for v in call.outvars[gradients:]]
     assert all(p.shape == (programs, d) and p.dtype == jnp.float32 for p in partials)
     assert moved - least == sum(_nbytes(p) for p in partials)
@@ -314,16 +323,18 @@ COMPILED = [  # every row-length class, both dtypes, Add & Norm and masks across
 ]
 
 
-def _tpu_devices(topology):
-  try:
-    import libtpu  # noqa: F401
-  except ImportError:
-    if os.environ.get("JAXNORM_REQUIRE_TPU"):
-      raise
-    pytest.skip('libtpu is not installed: pip install "jax[tpu]==<jax\'s version>"')
-  from jax.experimental import topologies
+def _compiled_steps(mesh):
+  """``(kind, shape, compiled text)`` of each :data:`COMPILED` step for ``mesh``'s device."""
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
 
-  return topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
+  replicated = NamedSharding(mesh, P())
+  for kind, shape, dtype, masked in COMPILED:
+    step, args = _step(kind, shape, dtype, masked)
+    avals = jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), args
+    )
+    yield kind, shape, jax.jit(step).lower(*avals).compile().as_text()
 
 
 @pytest.mark.parametrize("topology", ["v5e:2x2", "v6e:2x2"])
@@ -331,50 +342,17 @@ def test_every_kernel_compiles_for_tpus(topology):
   """Mosaic compiles each kernel at every row length, both dtypes, masks and Add & Norm
   (32-row blocks at 16,384 columns ran out of VMEM; a mask combined with ``&`` failed to
   lay out)."""
-  from jax.sharding import Mesh, NamedSharding
-  from jax.sharding import PartitionSpec as P
+  from jax.sharding import Mesh
 
-  mesh = Mesh(np.array(_tpu_devices(topology)[:1]), ("d",))
-  for kind, shape, dtype, masked in COMPILED:
-    step, args = _step(kind, shape, dtype, masked)
-    avals = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P())), args
-    )
-    text = jax.jit(step).lower(*avals).compile().as_text()
+  for kind, shape, text in _compiled_steps(Mesh(np.array(tpu_devices(topology)[:1]), ("d",))):
     assert text.count('custom_call_target="tpu_custom_call"') == 2, (kind, shape)
-
-
-def _h100_mesh():
-  try:
-    import jax_cuda12_plugin  # noqa: F401
-  except ImportError:
-    if os.environ.get("JAXNORM_REQUIRE_CUDA"):
-      raise
-    pytest.skip('the CUDA plugin is not installed: pip install "jax-cuda12-plugin[with-cuda]"')
-  from jax.experimental import topologies
-
-  from benchmarks import gpu_programs
-
-  topology = topologies.get_topology_desc(
-    platform="cuda", target_config=gpu_programs.H100, topology="1x1x1"
-  )
-  return topologies.make_mesh(topology, (1,), ("d",))
 
 
 def test_every_kernel_compiles_for_an_h100():
   """Triton compiles each kernel for an H100 (the CUDA plugin, no GPU) at every row length,
   both dtypes, masks and Add & Norm: two Triton calls a step and nothing copied or
   converted after them (the residual's cotangent is written by the kernel)."""
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
-
-  mesh = _h100_mesh()
-  for kind, shape, dtype, masked in COMPILED:
-    step, args = _step(kind, shape, dtype, masked)
-    avals = jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P())), args
-    )
-    text = jax.jit(step).lower(*avals).compile().as_text()
+  for kind, shape, text in _compiled_steps(h100_mesh()):
     assert text.count('custom_call_target="__gpu$xla.gpu.triton"') == 2, (kind, shape)
     entry = text[text.index("\nENTRY") :]
     assert " copy(" not in entry and "wrapped_convert" not in entry, (kind, shape)

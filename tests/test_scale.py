@@ -44,6 +44,17 @@ def _bytes_moved(hlo):
   return total
 
 
+def _loss(module, variables):
+  """``loss(params, x)``: Σ sin of ``module``'s output (its running statistics mutable)."""
+  mutable = ["batch_stats"] if "batch_stats" in variables else False
+
+  def loss(params, x):
+    out = module.apply({**variables, "params": params}, x, mutable=mutable)
+    return jnp.sum(jnp.sin(out[0] if mutable else out))
+
+  return loss
+
+
 def _programs(module, x):
   """The compiled forward and forward+backward (w.r.t. parameters and input) of ``module``."""
   variables = module.init(jax.random.key(0), x)
@@ -53,11 +64,7 @@ def _programs(module, x):
     return module.apply(v, x, mutable=mutable)
 
   def step(v, x):
-    def loss(params, x):
-      out = module.apply({**v, "params": params}, x, mutable=mutable)
-      return jnp.sum(jnp.sin(out[0] if mutable else out))
-
-    return jax.grad(loss, argnums=(0, 1))(v["params"], x)
+    return jax.grad(_loss(module, v), argnums=(0, 1))(v["params"], x)
 
   return [jax.jit(f).lower(variables, x).compile().as_text() for f in (forward, step)]
 
@@ -123,15 +130,7 @@ def test_a_step_jitted_with_in_shardings_under_a_mesh_takes_flaxs_collectives(
   for lib in (jaxnorm, nn):
     module = make(lib)
     variables = module.init(jax.random.key(0), x)
-    mutable = ["batch_stats"] if "batch_stats" in variables else False
-
-    def step(params, x, module=module, variables=variables, mutable=mutable):
-      def loss(params):
-        out = module.apply({**variables, "params": params}, x, mutable=mutable)
-        return jnp.sum(jnp.sin(out[0] if mutable else out))
-
-      return jax.value_and_grad(loss)(params)
-
+    step = jax.value_and_grad(_loss(module, variables))
     replicated = jax.tree.map(lambda _: NamedSharding(mesh, P()), variables["params"])
     with jax.set_mesh(mesh) if context == "set_mesh" else _legacy(mesh):
       fn = jax.jit(step, in_shardings=(replicated, NamedSharding(mesh, spec)))
@@ -154,12 +153,7 @@ def test_explicit_sharding_outside_set_mesh(name, make, shape, spec):
 
   def run(x):
     variables = module.init(jax.random.key(0), x)
-    mutable = ["batch_stats"] if "batch_stats" in variables else False
-
-    def loss(params, x):
-      out = module.apply({**variables, "params": params}, x, mutable=mutable)
-      return jnp.sum(jnp.sin(out[0] if mutable else out))
-
+    loss = _loss(module, variables)
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(variables["params"], x)
 
   sharded, local = run(jax.device_put(x, NamedSharding(mesh, spec))), run(jnp.asarray(x))
