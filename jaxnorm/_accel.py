@@ -23,6 +23,7 @@ from jax import lax
 from jaxnorm import _stats
 from jaxnorm._config import Config
 from jaxnorm._dtypes import count_dtype, promote, real_dtype
+from jaxnorm._platform import switch
 from jaxnorm._stats import Moments, elements_per_group, group_sum, merged_moments, sharded_axes
 
 
@@ -57,9 +58,10 @@ def affine_normalize(
     if about is None:
       mean, var = merged_moments(raw, cfg.axes, groups, acc)
     else:
-      mean, var = _stats.on_platform(  # (the module's: the tests patch it)
+      mean, var = switch(
         raw,
         about,
+        like=raw,
         tpu=lambda r, a: _stats.moments_about(r, a, cfg.axes, groups, acc),
         default=lambda r, a: merged_moments(r, cfg.axes, groups, acc),
       )
@@ -71,9 +73,7 @@ def affine_normalize(
     return jnp.where(var < jnp.inf, var, jnp.nan)
 
   # (not RMSNorm's on XLA:GPU: the guard split it in three kernels, RESULTS item 41)
-  guarded = (
-    guard(var) if cfg.center else lax.platform_dependent(var, tpu=guard, default=lambda v: v)
-  )
+  guarded = guard(var) if cfg.center else switch(var, like=x, tpu=guard, default=lambda v: v)
   r = lax.rsqrt(guarded + epsilon.astype(acc)).astype(cfg.dtype)
   y = (xs - mean.astype(cfg.dtype)) if cfg.center else xs
   if scale is None:

@@ -44,6 +44,7 @@ from jaxnorm import _accel, _stats
 from jaxnorm._axes import broadcast_shape
 from jaxnorm._config import Config
 from jaxnorm._dtypes import accumulation_dtype, promote, real_dtype, standard_promotion, to_dtype
+from jaxnorm._platform import switch
 from jaxnorm._stats import (
   Moments,
   Variance,
@@ -215,7 +216,7 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   x = x.astype(cfg.dtype)
   kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))
   stats = Moments(*(s.reshape(kept) for s in stats))
-  var = _overflowed_to_nan(stats.var, fused_rows)
+  var = _overflowed_to_nan(stats.var, fused_rows, x)
   r = inverse_std(var, epsilon, cfg.epsilon_in_root)
   if mask is not None:
     r = jnp.where(stats.count > 0, r, 0)  # a group with no valid element: x̂ = 0, no NaN
@@ -233,7 +234,7 @@ def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
   return y.astype(cfg.out_dtype), stats, r
 
 
-def _overflowed_to_nan(var, fused_rows):
+def _overflowed_to_nan(var, fused_rows, x):
   """``var``, NaN where it overflowed to inf (float32 sums of squares past ~3e38), where
   ``r = 1/sqrt(inf) = 0`` would make the output a confident 0. Guarded before the root,
   so that the select stays with ``r`` (after it, XLA:CPU recomputed the guard at every
@@ -247,7 +248,7 @@ def _overflowed_to_nan(var, fused_rows):
 
   if not fused_rows:
     return guard(var)
-  return lax.platform_dependent(var, cpu=lambda var: var, default=guard)
+  return switch(var, like=x, cpu=lambda var: var, default=guard)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
@@ -425,11 +426,12 @@ def _by_platform(x, scale, bias, mask, epsilon, cfg, about=None):
     return _affine_normalize(x, scale, bias, mask, epsilon, cfg)
   if _stats.on_mesh(x):
     return _accel.affine_normalize(x, scale, bias, epsilon, cfg)
-  return _stats.on_platform(
+  return switch(
     x,
     scale,
     bias,
     epsilon,
+    like=x,
     cpu=lambda x, s, b, e: _affine_normalize(x, s, b, None, e, cfg),
     default=lambda x, s, b, e: _accel.affine_normalize(x, s, b, e, cfg, about),
   )

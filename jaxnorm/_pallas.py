@@ -23,8 +23,8 @@ the size of x at 4,096 features). On TPUs from a ``(cores, steps)`` grid whose p
 block stays in VMEM across a core's steps: ``(2, 1, D)``.
 On CPU the kernels run in Pallas's interpret mode (the tests; either layout:
 :data:`INTERPRET_AS`), on NVIDIA and AMD GPUs through Triton, on TPU through Mosaic;
-:func:`forward` and :func:`backward` pick the lowering per platform with
-``lax.platform_dependent``, so one exported program carries each.
+:func:`forward` and :func:`backward` trace each platform's kernel and let the lowering
+keep its own (:func:`jaxnorm._platform.every_platform`), so one exported program carries each.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+
+from jaxnorm._platform import every_platform
 
 MAX_ROW = 16384  # the longest row one block holds (columns after padding)
 
@@ -475,9 +477,8 @@ def _per_platform(fn, *args):
   def branch(target):
     return lambda *leaves: fn(target, *jax.tree.unflatten(tree, leaves))
 
-  gpu = branch(Target("gpu"))
-  return lax.platform_dependent(
-    *leaves, cuda=gpu, rocm=gpu, tpu=branch(Target("tpu")),
+  return every_platform(
+    *leaves, gpu=branch(Target("gpu")), tpu=branch(Target("tpu")),
     default=branch(Target(INTERPRET_AS, interpret=True)),
   )  # fmt: skip
 

@@ -43,6 +43,7 @@ from jax import lax
 from jaxnorm._axes import Axes, canonicalize_axes
 from jaxnorm._config import Config, freeze_groups
 from jaxnorm._dtypes import count_dtype, promote, real_dtype, reduction_dtype
+from jaxnorm._platform import mesh_of, switch
 
 
 class Moments(NamedTuple):
@@ -235,34 +236,10 @@ def shifts(x, axes, groups=None):
   return tuple(out)
 
 
-def on_platform(*args: Any, default: Any, **branches: Any) -> Any:
-  """``lax.platform_dependent``: the branch named for the platform a program is lowered for
-  (``cpu=``, ``tpu=``), ``default`` on the others (a seam the tests patch to run the
-  accelerators' branches on the CPU)."""
-  return lax.platform_dependent(*args, default=default, **branches)
-
-
-def _mesh_of(x: Any) -> Any:
-  """The mesh of ``x``'s type, else the one ``jax.set_mesh`` set while tracing (a step
-  jitted with ``in_shardings`` traces unsharded types under it), else the legacy
-  ``with mesh:`` one (deprecated by JAX, still used), else None."""
-  mesh = getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None)
-  if not getattr(mesh, "axis_sizes", ()):
-    mesh = jax.sharding.get_abstract_mesh()
-  if not getattr(mesh, "axis_sizes", ()):
-    try:  # (JAX's private record of the legacy context; absent, nothing is known)
-      from jax._src.mesh import thread_resources
-
-      mesh = thread_resources.env.physical_mesh
-    except (ImportError, AttributeError):
-      return None
-  return mesh
-
-
 def on_mesh(x: Any) -> bool:
   """Whether ``x`` may lie on a mesh that GSPMD may split (an axis of more than one device
-  that is not manual, :func:`_mesh_of`): its reductions may then cross devices."""
-  mesh = _mesh_of(x)
+  that is not manual, :func:`~jaxnorm._platform.mesh_of`): its reductions may then cross devices."""
+  mesh = mesh_of(x)
   types = getattr(mesh, "axis_types", ()) or ()
   sizes = getattr(mesh, "axis_sizes", ()) or ()
   return any(
@@ -325,7 +302,7 @@ def _mesh_size(x):
   its axes (1 off a mesh)."""
   if not on_mesh(x):
     return 1
-  mesh = _mesh_of(x)
+  mesh = mesh_of(x)
   manual = jax.sharding.AxisType.Manual
   sizes = zip(mesh.axis_sizes, mesh.axis_types, strict=True)
   return math.prod(n for n, t in sizes if t != manual)
@@ -396,7 +373,7 @@ def _differentiated(raw, axes, groups, dtype):
     parts = merged(raw)  # (explicit sharding cannot slice one element of a sharded axis)
   else:
     gpu = functools.partial(_two_shifts, axes=axes, dtype=dtype, per_outer=on_mesh(raw))
-    parts = lax.platform_dependent(raw, cuda=gpu, rocm=gpu, default=merged)
+    parts = switch(raw, like=raw, gpu=gpu, default=merged)
   return _moments_of(parts, groups)
 
 
@@ -441,7 +418,7 @@ def merged_moments(raw: jax.Array, axes: tuple[int, ...], groups: Any, dtype: An
     return stats(raw)
   inv_n = 1.0 / elements_per_group(raw.shape, axes, groups)
   rows = lambda r: _two_pass(r.astype(dtype), axes, groups, jnp.asarray(inv_n, dtype))  # noqa: E731
-  return lax.platform_dependent(raw, cuda=rows, rocm=rows, default=stats)
+  return switch(raw, like=raw, gpu=rows, default=stats)
 
 
 merged_moments.defjvp(_textbook_jvp(_under_differentiation))
@@ -492,9 +469,8 @@ def kept_apart(*arrays):
   56). As they are where shard_map types them apart (a barrier's outputs share one)."""
   if len({getattr(jax.typeof(a), "vma", None) for a in arrays}) > 1:
     return arrays
-  return lax.platform_dependent(
-    *arrays, cpu=lambda *a: lax.optimization_barrier(a), default=lambda *a: a
-  )
+  return switch(*arrays, like=arrays[0], cpu=lambda *a: lax.optimization_barrier(a),
+                default=lambda *a: a)  # fmt: skip
 
 
 def _checked_moments(raw, dtype, axes, inv_n):
@@ -667,7 +643,7 @@ def _device_parts(x, valid, count, inv_n, cfg):
   if shift is None:
     parts = two_passes(x)
   else:
-    parts = on_platform(x, *shift, cpu=two_passes, default=shifted)
+    parts = switch(x, *shift, like=x, cpu=two_passes, default=shifted)
   real = real_dtype(x.dtype)
   n, a, s1, s2 = parts[0].astype(real), parts[1], parts[2].astype(x.dtype), parts[3].astype(real)
   return _combine_devices((n, a, s1, s2), cfg.axis_name, cfg.axis_index_groups)
@@ -681,8 +657,9 @@ def _unmasked(raw, axes, variance, dtype):
   ``Σx ∥ Σx²`` checked, ``benchmarks/RESULTS.md``, item 38), with the same derivative."""
   if on_mesh(raw):
     return merged_moments(raw, axes, None, dtype)
-  return on_platform(
+  return switch(
     raw,
+    like=raw,
     cpu=lambda raw: _by_method(raw, axes, variance, dtype),
     default=lambda raw: merged_moments(raw, axes, None, dtype),
   )

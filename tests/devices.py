@@ -32,3 +32,19 @@ def h100_mesh():
   from benchmarks import accelerator_programs
 
   return accelerator_programs.gpu_mesh()
+
+
+def tracing_for(platform):
+  """A context in which programs are traced for ``platform`` (``"cpu"``, ``"gpu"``,
+  ``"tpu"``) whatever the host: JAX's abstract mesh of one device of that platform, the
+  way the distributed guide shows for ``jax.export`` to an accelerator from a CPU host."""
+  import jax  # noqa: PLC0415
+  from jax.sharding import AbstractDevice, AbstractMesh, AxisType  # noqa: PLC0415
+
+  kind = {"cpu": "cpu", "gpu": "NVIDIA H100 80GB HBM3", "tpu": "TPU v5 lite"}[platform]
+  try:
+    device = AbstractDevice(device_kind=kind, num_cores=None, platform=platform)
+  except TypeError:  # (JAX before 0.10 records the kind alone)
+    device = AbstractDevice(device_kind=kind, num_cores=None)
+  mesh = AbstractMesh((1,), ("d",), axis_types=(AxisType.Auto,), abstract_device=device)
+  return jax.sharding.use_abstract_mesh(mesh)

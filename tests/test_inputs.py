@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 import jaxnorm
 from tests import reference as ref
 from tests.cases import CASES, IDS
+from tests.devices import tracing_for
 
 INT_DTYPES = [np.uint8, np.uint16, np.int8, np.int32, np.bool_]
 
@@ -129,7 +130,7 @@ def test_float32_row_norm_forward_on_the_cpu_overflows_to_zeros(scale, rng):
 
 @pytest.mark.parametrize("platform", ["cuda", "tpu"])
 def test_row_norm_forward_for_gpus_and_tpus_carries_the_guard(platform):
-  """The same forward lowered for GPUs and TPUs (where a select is free in the row
+  """The same forward traced and lowered for GPUs and TPUs (where a select is free in the row
   kernel) turns an overflowed variance into NaN: its program compares with inf and holds
   a NaN, which the XLA:CPU program (the xfail above) does not. Except RMSNorm's on GPUs,
   where the guard split XLA:GPU's one-kernel norm into three (RESULTS item 41): it
@@ -139,7 +140,8 @@ def test_row_norm_forward_for_gpus_and_tpus_carries_the_guard(platform):
   x = jax.ShapeDtypeStruct((4, 768), jnp.float32)
 
   def guarded(fn, platform):
-    text = export.export(jax.jit(fn), platforms=(platform,))(x).mlir_module()
+    with tracing_for("gpu" if platform == "cuda" else platform):
+      text = export.export(jax.jit(fn), platforms=(platform,))(x).mlir_module()
     return "0x7F800000" in text and "0x7FC00000" in text  # inf and NaN, as float32
 
   assert guarded(jaxnorm.layer_norm, platform)

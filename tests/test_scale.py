@@ -14,6 +14,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxnorm
+from tests.devices import tracing_for
 
 SEQ, CNN = (8, 16, 32), (8, 4, 4, 16)
 COLLECTIVES = ("all-reduce", "all-gather", "collective-permute", "all-to-all")
@@ -197,9 +198,12 @@ def test_accelerator_programs_have_no_conditional(make):
   variables = module.init(jax.random.key(0), x)
   forward = jax.jit(lambda v, x: module.apply(v, x, mutable=["batch_stats"]))
 
-  def conditionals(platform):  # (a lax.cond's boolean predicate, converted to a branch index)
-    text = forward.trace(variables, x).lower(lowering_platforms=(platform,)).as_text()
+  def conditionals(platform, lowered_for):  # (a lax.cond's predicate, turned into an index)
+    with tracing_for(platform):
+      traced = forward.trace(variables, x)
+    text = traced.lower(lowering_platforms=(lowered_for,)).as_text()
     return text.count("(tensor<i1>) -> tensor<i32>")
 
-  assert conditionals("cpu") == 1
-  assert conditionals("cuda") == conditionals("rocm") == conditionals("tpu") == 0
+  assert conditionals("cpu", "cpu") == 1
+  assert conditionals("gpu", "cuda") == conditionals("gpu", "rocm") == 0
+  assert conditionals("tpu", "tpu") == 0
