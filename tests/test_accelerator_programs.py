@@ -489,3 +489,17 @@ def test_h100_programs_cost_what_flax_costs(kind, shape, dtype):
     assert b <= 1.005 * bf, (program, b / nbytes, bf / nbytes)
     if program == "fwd+bwd":
       assert k <= kf + H100_EXTRA_KERNELS.get((kind, shape[-1], dtype), 0), (program, k, kf)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_h100_row_norm_forward_is_one_kernel(kind, dtype):
+  """XLA:GPU's undifferentiated row norms: the statistics in two passes over each row,
+  which XLA:GPU turns with the output into one kernel reading x once, 2|x| (Flax's
+  LayerNorm: 3 kernels and 3|x|; the merged shifted sums there: 3 and 3|x|, which Flax's
+  bound above lets pass — ``_stats.merged_moments``' GPU branch, the decisions table)."""
+  import gpu_programs  # noqa: PLC0415 (benchmarks/ is on the path: accelerator_programs)
+
+  compiled, nbytes = gpu_programs._programs(kind, (16, 512, 768), dtype, h100_mesh())
+  k, b = gpu_programs.kernels_and_bytes(compiled[("jaxnorm", "forward")].as_text())
+  assert (k, round(b / nbytes, 2)) == (1, 2.0)

@@ -142,3 +142,23 @@ def test_a_norm_exported_for_a_platform_it_was_not_traced_for_is_still_exact(rng
   y64 = (x - x.astype(np.float64).mean(0)) / np.sqrt(x.astype(np.float64).var(0) + 1e-5)
   for exported in (cpu_form, tpu_form):
     np.testing.assert_allclose(exported.call(x), y64, atol=2e-3)
+
+
+def test_every_platform_choice_is_in_the_decisions_table():
+  """Each ``switch(`` / ``every_platform(`` call site in the package (function by
+  function) is a row of ``docs/development.md``'s decisions table, which names its figure
+  and the test that guards it; a row without a call site is stale."""
+  sites = set()
+  for path in PACKAGE.rglob("*.py"):
+    if path.name == "_platform.py":
+      continue
+    function = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+      if m := re.match(r"def (\w+)\(", line):
+        function = m.group(1)
+      if re.search(r"\b(switch|every_platform)\(", line) and not line.lstrip().startswith("def "):
+        sites.add(f"{path.stem}.{function}")
+  docs = (PACKAGE.parent / "docs" / "development.md").read_text(encoding="utf-8")
+  table = docs[docs.index("### Decisions") :].split("\n\n")[2]
+  rows = {re.match(r"\| `(\w+\.\w+)", row).group(1) for row in table.splitlines()[2:]}
+  assert sites == rows
