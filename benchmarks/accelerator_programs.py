@@ -264,22 +264,33 @@ SHARDED = [  # (norm, shape, layout) on 4 chips: issue 43's point 2
   ("rms", (8, 512, 1024), P("d", "d2")),
   ("group", (8, 32, 32, 256), P("d", "d2")),  # batch + H
   ("instance", (8, 32, 32, 256), P("d")),
+  ("layer", (16, 1024, 4096), P(("d", "d2"))),  # batch over 4 chips: Transformer-sized rows
 ]
 
 
-def sharded(mesh2: Mesh):
-  """Collectives of each layout's programs, jaxnorm / Flax."""
-  print("| norm | shape | layout | forward collectives | fwd+bwd collectives | all-gathers of x |")
-  print("|---|---|---|---|---|---|")
+def sharded(mesh2: Mesh, platform: str = "tpu"):
+  """Collectives of each layout's programs, and each device's kernels and bytes over its
+  shard of x, jaxnorm / Flax."""
+  print("| norm | shape | layout | forward collectives | fwd+bwd collectives | all-gathers of x "
+        "| forward kernels, bytes per device | fwd+bwd kernels, bytes per device |")  # fmt: skip
+  print("|---|---|---|---|---|---|---|---|")
   for kind, shape, spec in SHARDED:
-    progs, _ = programs(kind, shape, "float32", NamedSharding(mesh2, spec))
-    cells, gathers = [], 0
+    progs, nbytes = programs(kind, shape, "float32", NamedSharding(mesh2, spec))
+    shards = math.prod(
+      mesh2.shape[a] for s in spec if s for a in ((s,) if isinstance(s, str) else s)
+    )
+    cells, costs, gathers = [], [], 0
     for pass_ in ("forward", "fwd+bwd"):
       counts = [
         sum(collectives(progs[(lib, pass_)].as_text()).values()) for lib in ("jaxnorm", "flax")
       ]
       flag = " **" if counts[0] > counts[1] else ""
       cells.append(f"{counts[0]} / {counts[1]}{flag}")
+      each = [
+        measure(progs[(lib, pass_)], nbytes // shards, platform) for lib in ("jaxnorm", "flax")
+      ]
+      worse = " **" if each[0][0] > each[1][0] or each[0][1] > 1.005 * each[1][1] else ""
+      costs.append(f"{each[0][0]} / {each[1][0]}, {each[0][1]:.2f} / {each[1][1]:.2f}{worse}")
       size = "x".join(map(str, shape))
       gathers += len(
         re.findall(
@@ -287,9 +298,10 @@ def sharded(mesh2: Mesh):
         )
       )
     print(
-      f"| {kind} | {'×'.join(map(str, shape))} | {spec} | " + " | ".join(cells) + f" | {gathers} |",
+      f"| {kind} | {'×'.join(map(str, shape))} | {spec} | " + " | ".join(cells)
+      + f" | {gathers} | " + " | ".join(costs) + " |",
       flush=True,
-    )
+    )  # fmt: skip
 
 
 def main():
@@ -314,7 +326,7 @@ def main():
     mesh2 = Mesh(np.array(devices[:4]).reshape(2, 2), ("d", "d2"))
     where = args.topology if args.platform == "tpu" else "4 × H100"
     print(f"# Collectives on a 4-chip {where}, jaxnorm / Flax ({versions})\n")
-    return sharded(mesh2)
+    return sharded(mesh2, args.platform)
   mesh = tpu_mesh(args.topology) if args.platform == "tpu" else gpu_mesh()
   if args.modern:
     print(f"# {mesh.devices.flat[0].device_kind}: modern norms ({versions})\n")
