@@ -275,10 +275,9 @@ def sharded(mesh2: Mesh, platform: str = "tpu"):
         "| forward kernels, bytes per device | fwd+bwd kernels, bytes per device |")  # fmt: skip
   print("|---|---|---|---|---|---|---|---|")
   for kind, shape, spec in SHARDED:
-    progs, nbytes = programs(kind, shape, "float32", NamedSharding(mesh2, spec))
-    shards = math.prod(
-      mesh2.shape[a] for s in spec if s for a in ((s,) if isinstance(s, str) else s)
-    )
+    sharding = NamedSharding(mesh2, spec)
+    progs, nbytes = programs(kind, shape, "float32", sharding)
+    shard = nbytes * math.prod(sharding.shard_shape(shape)) // math.prod(shape)
     cells, costs, gathers = [], [], 0
     for pass_ in ("forward", "fwd+bwd"):
       counts = [
@@ -286,9 +285,7 @@ def sharded(mesh2: Mesh, platform: str = "tpu"):
       ]
       flag = " **" if counts[0] > counts[1] else ""
       cells.append(f"{counts[0]} / {counts[1]}{flag}")
-      each = [
-        measure(progs[(lib, pass_)], nbytes // shards, platform) for lib in ("jaxnorm", "flax")
-      ]
+      each = [measure(progs[(lib, pass_)], shard, platform) for lib in ("jaxnorm", "flax")]
       worse = " **" if each[0][0] > each[1][0] or each[0][1] > 1.005 * each[1][1] else ""
       costs.append(f"{each[0][0]} / {each[1][0]}, {each[0][1]:.2f} / {each[1][1]:.2f}{worse}")
       size = "x".join(map(str, shape))

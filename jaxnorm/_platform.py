@@ -36,8 +36,6 @@ from typing import Any
 import jax
 from jax import lax
 
-PLATFORMS = ("cpu", "gpu", "tpu")
-
 
 def mesh_of(x: Any) -> Any:
   """The mesh of ``x``'s type, else the one ``jax.set_mesh`` (or

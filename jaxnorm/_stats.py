@@ -476,8 +476,8 @@ def kept_apart(*arrays):
   56). As they are where shard_map types them apart (a barrier's outputs share one)."""
   if len({getattr(jax.typeof(a), "vma", None) for a in arrays}) > 1:
     return arrays
-  return switch(*arrays, like=arrays[0], cpu=lambda *a: lax.optimization_barrier(a),
-                default=lambda *a: a)  # fmt: skip
+  barrier = lambda *a: lax.optimization_barrier(a)  # noqa: E731
+  return switch(*arrays, like=arrays[0], cpu=barrier, default=lambda *a: a)
 
 
 def _checked_moments(raw, dtype, axes, inv_n):
