@@ -6,7 +6,7 @@ backward grid), beside the rule's layout, jaxnorm's XLA path and the floor
 
 Writes ``pallas_tune.json`` and ``pallas_tune.md`` (every candidate's time, each cell's best
 against the rule, XLA and the floor) and prints the ``GPU_TABLE`` entries whose best layout
-beat the rule's by more than 3 % — the lines to commit to ``jaxnorm/_pallas.py`` with these
+beat the rule's by more than 3 % — the lines to commit to ``jaxnorm/_engine/pallas.py`` with these
 results. ``gpu_suite.py`` runs it after its cases, with what is left of its budget.
 ``--smoke`` runs one tiny cell on the CPU (interpreted: the layouts change nothing there and
 the times mean nothing), so that it works the day a GPU is lent.
@@ -33,7 +33,7 @@ import bench_norms  # noqa: E402
 import devtime  # noqa: E402
 
 import jaxnorm  # noqa: E402
-from jaxnorm import _pallas  # noqa: E402
+from jaxnorm._engine import pallas as _pallas  # noqa: E402
 
 # (row length, dtype), in the order they run (a budget may stop it): bfloat16 first, Llama's
 # and GPT-2's rows (768 pads to 1,024) first

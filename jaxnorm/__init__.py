@@ -5,7 +5,7 @@ The pure functions hold all the maths: :func:`normalize`, :func:`layer_norm`,
 (:mod:`jaxnorm._norms`); :func:`batch_norm`, its layer step :func:`batch_norm_step` and the
 small-batch family :func:`batch_renorm`, :func:`frozen_batch_norm` (:mod:`jaxnorm._batch`);
 :func:`moments`, :func:`update_running_average` and :func:`debiased_average`
-(:mod:`jaxnorm._stats`); the weight
+(:mod:`jaxnorm._engine`); the weight
 reparameterizations :func:`weight_norm` and :func:`spectral_norm` (:mod:`jaxnorm._weights`);
 the norms without group statistics :func:`dyt`, :func:`l2_normalize`,
 :func:`local_response_norm` (:mod:`jaxnorm._pointwise`) and the adaptive ones,
@@ -40,6 +40,7 @@ from jaxnorm._batch import (
   frozen_batch_norm,
   renorm_limits,
 )
+from jaxnorm._engine import Moments, moments
 from jaxnorm._norms import (
   add_layer_norm,
   add_rms_norm,
@@ -51,7 +52,6 @@ from jaxnorm._norms import (
 )
 from jaxnorm._pointwise import dyt, l2_normalize, local_response_norm
 from jaxnorm._running import debiased_average, update_running_average
-from jaxnorm._stats import Moments, moments
 from jaxnorm._weights import spectral_norm, weight_norm
 from jaxnorm.fold import batch_norm_epsilons, fold_batch_norm, fold_batch_norms, freeze_batch_norm
 from jaxnorm.linen import (

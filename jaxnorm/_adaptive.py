@@ -30,8 +30,7 @@ from jaxnorm._axes import (
 from jaxnorm._batch import batch_config, check_step, step, training
 from jaxnorm._config import configure, options
 from jaxnorm._dtypes import accumulation_dtype, output_dtype, reduction_dtype
-from jaxnorm._kernel import affine_normalize, check_epsilon, inverse_std
-from jaxnorm._stats import concrete_value, moments
+from jaxnorm._engine import affine_normalize, check_epsilon, concrete_value, inverse_std, moments
 
 
 def conditioning(

@@ -30,15 +30,17 @@ from jax import lax
 
 from jaxnorm._axes import Axes, batch_norm_axes, complement
 from jaxnorm._config import Config, configure, options
-from jaxnorm._kernel import (
+from jaxnorm._engine import (
+  Moments,
   affine_normalize,
   affine_params,
   apply_statistics,
+  broadcast_mask,
   check_epsilon,
   operand,
+  psum,
 )
 from jaxnorm._running import check_momentum, unbiased_variance, update_running_average
-from jaxnorm._stats import Moments, broadcast_mask, psum
 
 Pool = Callable[[Moments], Moments]
 # (x, scale, bias, running (mean, var) or None, cfg, ε, mask) → (y, batch moments, pool):

@@ -2,7 +2,7 @@
 GroupNorm and Add & Norm, as pure functions.
 
 Each function chooses its axes, builds its configuration record (``_config.Config``)
-once and calls the kernel (``_kernel.affine_normalize``), which normalizes and applies
+once and calls the kernel (``_engine.affine_normalize``, the router), which normalizes and applies
 ``y = γ·x̂ + β``. Statistics are computed in at least float32; the output dtype follows
 Flax: ``dtype`` if given, else the promotion of the input's and the parameters' dtypes.
 """
@@ -29,9 +29,18 @@ from jaxnorm._axes import (
 )
 from jaxnorm._config import Config, configure, options
 from jaxnorm._dtypes import output_dtype, promote
-from jaxnorm._kernel import affine_normalize, affine_params
-from jaxnorm._rows import check_implementation, kernel_misfit, normalize_rows, use_kernels
-from jaxnorm._stats import Moments, broadcast_mask, group_moments, rough_row_mean
+from jaxnorm._engine import (
+  Moments,
+  affine_normalize,
+  affine_params,
+  broadcast_mask,
+  check_implementation,
+  group_moments,
+  kernel_misfit,
+  normalize_rows,
+  rough_row_mean,
+  use_kernels,
+)
 
 
 def zero_centered_init(init: Any) -> Any:

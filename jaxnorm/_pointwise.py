@@ -17,13 +17,13 @@ from jax import lax
 
 from jaxnorm._axes import Axes, canonicalize_axes
 from jaxnorm._dtypes import accumulated, output_dtype
-from jaxnorm._kernel import check_epsilon, operand
+from jaxnorm._engine import check_epsilon, operand
 
 
 def _per_feature(name: str, value: Any, shape: tuple[int, ...], features: tuple[int, ...],
                  dtype: Any) -> jax.Array:  # fmt: skip
   """``value`` of the feature shape, shaped to broadcast against an input of ``shape``
-  (the kernel's :func:`~jaxnorm._kernel.operand`, with this module's message)."""
+  (the kernel's :func:`~jaxnorm._engine.inputs.operand`, with this module's message)."""
   error = (
     f"{{name}} has shape {{got}}, but an input of shape {shape} has features of shape "
     f"{{want}} along feature_axes {features}; pass a {{name}} of shape {{want}} (one value "

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxnorm._dtypes import count_dtype, promote
-from jaxnorm._stats import Moments, concrete_value, with_sharding_of
+from jaxnorm._engine import Moments, concrete_value, with_sharding_of
 
 
 def check_momentum(momentum: Any) -> None:

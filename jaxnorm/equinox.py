@@ -55,6 +55,7 @@ from jaxnorm._batch import (
   renorm_schedule,
   training,
 )
+from jaxnorm._engine import moments
 from jaxnorm._modern_equinox import (
   AdaLayerNorm,
   AdaRMSNorm,
@@ -66,7 +67,6 @@ from jaxnorm._modern_equinox import (
 )
 from jaxnorm._norms import group_norm, layer_norm, rms_norm
 from jaxnorm._running import check_momentum, debiased_average, update_running_average
-from jaxnorm._stats import moments
 
 __all__ = [
   "AdaLayerNorm",

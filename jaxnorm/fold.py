@@ -25,7 +25,7 @@ from flax import traverse_util
 from jax import lax
 
 from jaxnorm._dtypes import promote
-from jaxnorm._kernel import check_epsilon
+from jaxnorm._engine import check_epsilon
 
 
 def fold_batch_norm(

@@ -1,7 +1,7 @@
 """The programs users train with on TPUs and GPUs (issue 43): Flax's program with exact
-statistics (``jaxnorm._accel``), sharded programs that export, cache and compile ahead of
-time, and — where libtpu is installed (CI installs it for this file: ``.ci/run``) — TPU
-programs compiled without a TPU, counted against Flax's."""
+statistics (``jaxnorm._engine.accelerators``), sharded programs that export, cache and
+compile ahead of time, and — where libtpu is installed (CI installs it for this file:
+``.ci/run``) — TPU programs compiled without a TPU, counted against Flax's."""
 
 import json
 import os
@@ -56,7 +56,7 @@ def _reference(name, x, axes, eps):
 @pytest.fixture
 def accelerator_branch(monkeypatch, request):
   """Programs lowered for XLA:CPU take the branch they take on TPUs and GPUs."""
-  monkeypatch.setattr(jaxnorm._platform, "traced_for", lambda x=None: "tpu")
+  monkeypatch.setattr(jaxnorm._engine.platform, "traced_for", lambda x=None: "tpu")
   jax.clear_caches()
   request.addfinalizer(jax.clear_caches)
 
@@ -73,7 +73,7 @@ def test_accelerator_branch_is_exact_far_off_centre(name, make, shape, axes, eps
   expected = loss(params, centred)
   y_cpu = np.asarray(jax.jit(forward)(params, x))
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(jaxnorm._platform, "traced_for", lambda x=None: "tpu")
+    patch.setattr(jaxnorm._engine.platform, "traced_for", lambda x=None: "tpu")
     jax.clear_caches()
     y = np.asarray(jax.jit(forward)(params, x))
     got = loss(params, centred)
@@ -117,7 +117,7 @@ def test_accelerator_branch_second_order_and_strict_promotion(norm, rng, monkeyp
       return jax.hessian(lambda x: jnp.sum(jnp.sin(norm(x))))(x)
 
   expected = hessian()
-  monkeypatch.setattr(jaxnorm._platform, "traced_for", lambda x=None: "tpu")
+  monkeypatch.setattr(jaxnorm._engine.platform, "traced_for", lambda x=None: "tpu")
   jax.clear_caches()
   try:
     got = hessian()
@@ -130,7 +130,7 @@ def test_accelerator_branch_second_order_and_strict_promotion(norm, rng, monkeyp
 @pytest.fixture
 def tpu_branch(monkeypatch):
   """Programs lowered for XLA:CPU take the branch they take on TPUs."""
-  monkeypatch.setattr(jaxnorm._platform, "traced_for", lambda x=None: "tpu")
+  monkeypatch.setattr(jaxnorm._engine.platform, "traced_for", lambda x=None: "tpu")
   jax.clear_caches()
   yield
   jax.clear_caches()
@@ -152,8 +152,8 @@ def test_tpu_add_layer_norm_statistics_exact(data, rng, tpu_branch):
   np.testing.assert_allclose(h, h_ref, rtol=1e-7)
   # (the reference from h as the program rounds it: float32 at 1e4 is 1e-3 apart)
   np.testing.assert_allclose(y, ref.layer_norm(np.asarray(h)), atol=2e-3)
-  about = jaxnorm._stats.rough_row_mean(x, residual, (1,), jnp.float32)
-  mean, var = jaxnorm._stats.moments_about(h, about, (1,), None, jnp.float32)
+  about = jaxnorm._engine.tpu.rough_row_mean(x, residual, (1,), jnp.float32)
+  mean, var = jaxnorm._engine.tpu.moments_about(h, about, (1,), None, jnp.float32)
   np.testing.assert_allclose(mean[:, 0], np.asarray(h, np.float64).mean(1), rtol=1e-7)
   np.testing.assert_allclose(var[:, 0], np.asarray(h, np.float64).var(1), rtol=2e-5)
   fast = np.mean(np.square(h), 1) - np.square(np.mean(h, 1))  # (what the shift prevents)
@@ -175,7 +175,7 @@ def test_tpu_add_layer_norm_derivatives(rng, tpu_branch):
 
   got = both()
   with pytest.MonkeyPatch.context() as cpu:
-    cpu.setattr(jaxnorm._platform, "traced_for", lambda x=None: "cpu")
+    cpu.setattr(jaxnorm._engine.platform, "traced_for", lambda x=None: "cpu")
     jax.clear_caches()
     expected = both()
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
@@ -193,8 +193,8 @@ def test_gpu_column_statistics_exact_far_off_centre(rng, groups, per_outer):
   x = rng.normal(1e4, 1.0, (16, 6, 6, 8)).astype(np.float32)
   axes = (0, 1, 2) if groups is None else (1, 2)
   mean, var = jax.jit(
-    lambda x: jaxnorm._stats._moments_of(
-      jaxnorm._stats._two_shifts(x, axes, x.dtype, per_outer), groups
+    lambda x: jaxnorm._engine.maths.moments_of(
+      jaxnorm._engine.gpu.two_shifts(x, axes, x.dtype, per_outer), groups
     )
   )(x)
   x64 = x.astype(np.float64)
@@ -215,7 +215,9 @@ def test_gpu_column_statistics_of_channel_groups_alone(rng):
   exactly at 1e4 ± 1."""
   x = rng.normal(1e4, 1.0, (16, 8)).astype(np.float32)
   mean, var = jax.jit(
-    lambda x: jaxnorm._stats._moments_of(jaxnorm._stats._two_shifts(x, (), x.dtype), (1, 4))
+    lambda x: jaxnorm._engine.maths.moments_of(
+      jaxnorm._engine.gpu.two_shifts(x, (), x.dtype), (1, 4)
+    )
   )(x)
   x64 = x.astype(np.float64).reshape(16, 4, 2)
   m, v = (np.repeat(t, 2, axis=-1) for t in (x64.mean(-1), x64.var(-1)))
@@ -521,7 +523,7 @@ def test_h100_row_norm_forward_is_one_kernel(kind, dtype):
   """XLA:GPU's undifferentiated row norms: the statistics in two passes over each row,
   which XLA:GPU turns with the output into one kernel reading x once, 2|x| (Flax's
   LayerNorm: 3 kernels and 3|x|; the merged shifted sums there: 3 and 3|x|, which Flax's
-  bound above lets pass — ``_stats.merged_moments``' GPU branch, the decisions table)."""
+  bound above lets pass — ``router.merged_moments``' GPU branch, the decisions table)."""
   import gpu_programs  # noqa: PLC0415 (benchmarks/ is on the path: accelerator_programs)
 
   compiled, nbytes = gpu_programs._programs(kind, (16, 512, 768), dtype, h100_mesh())

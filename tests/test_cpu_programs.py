@@ -68,12 +68,12 @@ def test_training_programs_move_less_than_flax(name, make, shape, f32_bound, dty
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bfloat16", "float32"])
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 def test_the_derivatives_select_keeps_its_reductions_apart(norm, dtype):
-  """``_kernel._fusion_barrier`` (a select on the derivative's per-row factors) earns its
+  """``kernel._fusion_barrier`` (a select on the derivative's per-row factors) earns its
   place: without it XLA:CPU fuses a reduction of the derivative with the elementwise
   ``dx`` and reads more, 1-5|x| at 8,192 rows of 768 (RMSNorm float32 10.0 -> 11.0,
   LayerNorm bfloat16 14.1 -> 19.1). Should XLA stop doing so, this fails and the select
   goes. (``kept_apart`` and ``converted_apart`` are the bfloat16 bounds above.)"""
-  from jaxnorm import _kernel
+  from jaxnorm._engine import kernel as _kernel
 
   shape = (16, 512, 768)  # (from 4,096 rows XLA:CPU fuses the norm into YNNPACK kernels)
   rng = np.random.default_rng(0)

@@ -158,8 +158,8 @@ def test_named_axis_statistics_far_off_centre(mesh, rng, gather, platform, monke
   unrounded (a + d), and the combination is exact (rounded means, as XLA:CPU's two passes
   handed over before RESULTS item 66, left 4.8e-4 of the variance: 240 times the bound)."""
   if not gather:
-    monkeypatch.setattr(jaxnorm._stats, "_GATHER_MEMBERS", 2)
-  monkeypatch.setattr(jaxnorm._platform, "traced_for", lambda x=None: platform)
+    monkeypatch.setattr(jaxnorm._engine.collectives, "_GATHER_MEMBERS", 2)
+  monkeypatch.setattr(jaxnorm._engine.platform, "traced_for", lambda x=None: platform)
   jax.clear_caches()  # (the same shapes traced with the other branch or combine)
   request.addfinalizer(jax.clear_caches)
   x = rng.normal(1e4, 1.0, (N_DEV * 8, 6)).astype(np.float32)

@@ -119,7 +119,7 @@ def test_the_tune_commits_only_layouts_that_beat_the_rule_and_agree_with_xla():
 
 
 def jaxnorm_rule(d):
-  from jaxnorm import _pallas
+  from jaxnorm._engine import pallas as _pallas
 
   return _pallas.gpu_rule(_pallas._next_power_of_2(d))
 

@@ -309,7 +309,7 @@ def test_default_implementation_follows_the_rule(monkeypatch):
   """``implementation=None`` is XLA everywhere as shipped (on an H100 the kernels'
   forward+backward measured slower), and takes the kernels exactly where the rule says once filled:
   by platform and row length, never where they cannot apply."""
-  from jaxnorm import _rows
+  from jaxnorm._engine import pallas_rows as _rows
 
   rows = {d: jnp.ones((4, d), jnp.float32) for d in (64, 256, 1024)}
   scale = {d: jnp.ones(d) for d in rows}

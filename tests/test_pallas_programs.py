@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxnorm
-from jaxnorm import _pallas
+from jaxnorm._engine import pallas as _pallas
 from tests.devices import h100_mesh, tpu_devices
 from tests.test_pallas import EPS, _close, _data, _formula
 

@@ -65,7 +65,7 @@ def _norm(name, x, mask):
 
 
 def _jaxpr(name, platform, masked, mesh, differentiated, monkeypatch):
-  monkeypatch.setattr(jaxnorm._platform, "traced_for", lambda x=None: platform)
+  monkeypatch.setattr(jaxnorm._engine.platform, "traced_for", lambda x=None: platform)
   jax.clear_caches()  # (JAX keeps what was traced for another platform)
   x = np.random.default_rng(0).normal(2.0, 1.0, (8, 4, 4, 16)).astype(np.float32)
   mask = None if not masked else x > 1.0
@@ -100,27 +100,29 @@ def test_route(name, platform, masked, on_mesh, differentiated, marks, monkeypat
 
 def test_platform_dependent_only_in_the_switch():
   """``lax.platform_dependent`` (which traces every branch) is called in
-  ``jaxnorm/_platform.py`` alone: every other choice of a platform goes through its
-  :func:`~jaxnorm._platform.switch`, which the tests patch."""
+  ``jaxnorm/_engine/platform.py`` alone: every other choice of a platform goes through its
+  :func:`~jaxnorm._engine.platform.switch`, which the tests patch."""
   callers = sorted(
-    p.name for p in PACKAGE.rglob("*.py") if "platform_dependent(" in p.read_text(encoding="utf-8")
+    p.relative_to(PACKAGE).as_posix()
+    for p in PACKAGE.rglob("*.py")
+    if "platform_dependent(" in p.read_text(encoding="utf-8")
   )
-  assert callers == ["_platform.py"]
+  assert callers == ["_engine/platform.py"]
 
 
 def test_traced_for_reads_the_mesh_then_the_default_backend():
   """The platform a program is traced for: the default backend with no mesh; a context's
   abstract device (JAX's "traced for") and an input's mesh win over it."""
   x = jnp.ones((4, 8))
-  assert jaxnorm._platform.traced_for(x) == jax.default_backend() == "cpu"
+  assert jaxnorm._engine.platform.traced_for(x) == jax.default_backend() == "cpu"
   with tracing_for("tpu"):
-    assert jaxnorm._platform.traced_for(x) == "tpu"
+    assert jaxnorm._engine.platform.traced_for(x) == "tpu"
   with tracing_for("gpu"):
-    assert jaxnorm._platform.traced_for(None) == "gpu"
+    assert jaxnorm._engine.platform.traced_for(None) == "gpu"
   mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Explicit,))
   sharded = jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=NamedSharding(mesh, P("d")))
   seen = []
-  jax.jit(lambda x: seen.append(jaxnorm._platform.traced_for(x)) or x).trace(sharded)
+  jax.jit(lambda x: seen.append(jaxnorm._engine.platform.traced_for(x)) or x).trace(sharded)
   assert seen == ["cpu"]
 
 
@@ -150,7 +152,7 @@ def test_every_platform_choice_is_in_the_decisions_table():
   and the test that guards it; a row without a call site is stale."""
   sites = set()
   for path in PACKAGE.rglob("*.py"):
-    if path.name == "_platform.py":
+    if path == PACKAGE / "_engine" / "platform.py":
       continue
     function = None
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -162,3 +164,17 @@ def test_every_platform_choice_is_in_the_decisions_table():
   table = docs[docs.index("### Decisions") :].split("\n\n")[2]
   rows = {re.match(r"\| `(\w+\.\w+)", row).group(1) for row in table.splitlines()[2:]}
   assert sites == rows
+
+
+def test_the_routers_docstring_names_functions_that_exist():
+  """The router's docstring is the routing table: every ``(file: function)`` it names
+  exists in that file of the engine, so the table cannot drift from the code."""
+  import importlib
+
+  from jaxnorm._engine import router
+
+  named = [m for m in re.findall(r"\((\w+): (\w+)", router.__doc__) if m != ("file", "function")]
+  assert len(named) >= 10
+  for module, function in named:
+    engine_file = importlib.import_module(f"jaxnorm._engine.{module}")
+    assert hasattr(engine_file, function), (module, function)

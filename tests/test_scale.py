@@ -77,7 +77,7 @@ def _programs(module, x):
 )
 def test_no_more_collectives_than_flax_under_gspmd(name, make, shape, spec, mode):
   """Collectives of jaxnorm's programs against Flax's: a merged reduction gathers each
-  shard's four partial sums in one all-gather (``jaxnorm._stats._merged``: stacked, much
+  shard's four partial sums in one all-gather (``jaxnorm._engine.maths.merged_over``: stacked, much
   smaller than x; XLA:CPU gathered them one by one before), and nothing of x's size."""
   mesh = jax.make_mesh((8,), ("data",), axis_types=(mode,))
   x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
@@ -123,7 +123,7 @@ def test_a_step_jitted_with_in_shardings_under_a_mesh_takes_flaxs_collectives(
   single-device program, whose checked variance GSPMD split with a conditional and more
   all-reduces than Flax's (inside ``set_mesh`` BatchNorm 3 against 2, LayerNorm, RMSNorm,
   GroupNorm 2 against 1; BatchNorm 5 and a collective-permute under ``with mesh:``). The
-  context's mesh now counts as the input's (``_stats._mesh_of``): Flax's collectives, no
+  context's mesh now counts as the input's (``platform.mesh_of``): Flax's collectives, no
   conditional."""
   mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
   x = np.random.default_rng(0).normal(size=shape).astype(np.float32)

@@ -24,7 +24,8 @@ block stays in VMEM across a core's steps: ``(2, 1, D)``.
 On CPU the kernels run in Pallas's interpret mode (the tests; either layout:
 :data:`INTERPRET_AS`), on NVIDIA and AMD GPUs through Triton, on TPU through Mosaic;
 :func:`forward` and :func:`backward` trace each platform's kernel and let the lowering
-keep its own (:func:`jaxnorm._platform.every_platform`), so one exported program carries each.
+keep its own (:func:`jaxnorm._engine.platform.every_platform`), so one exported program
+carries each.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jaxnorm._platform import every_platform
+from jaxnorm._engine.platform import every_platform
 
 MAX_ROW = 16384  # the longest row one block holds (columns after padding)
 

@@ -1,14 +1,12 @@
 """Flax's program for the norms, with statistics that stay exact: TPUs, GPUs and meshes.
 
-On every platform but XLA:CPU, and on XLA:CPU where ``x`` lies on a mesh, the unmasked
-norms of one device's view are written as Flax writes them — statistics, then
-``(x − μ)·r·γ + β`` differentiated by JAX — so XLA emits Flax's kernels and traffic
-(``benchmarks/accelerator_programs.py``). The one difference is the statistics:
-:func:`jaxnorm._stats.merged_moments`, one reduction that reads ``x`` once as Flax's
-``Σx ∥ Σx²`` does but shifts each group's sums by an element of it, exact for any offset,
-and that GSPMD partitions exactly with nothing custom in the program (sharded programs
-export, compile ahead of time for TPUs and hit the persistent cache). XLA:CPU's single
-device keeps :mod:`jaxnorm._kernel`, tuned for it (``benchmarks/RESULTS.md``, item 47).
+Where the router sends a norm here (real data, no mask, no ``axis_name``, ε in the root,
+on every platform but XLA:CPU's single device), it is written as Flax writes it —
+statistics, then ``(x − μ)·r·γ + β`` differentiated by JAX — so XLA emits Flax's kernels
+and traffic (``benchmarks/accelerator_programs.py``). The one difference is the
+statistics, the router's exact ones (:func:`~jaxnorm._engine.router.exact_moments`),
+which GSPMD partitions exactly with nothing custom in the program (sharded programs
+export, compile ahead of time for TPUs and hit the persistent cache).
 """
 
 from __future__ import annotations
@@ -20,16 +18,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxnorm import _stats
 from jaxnorm._config import Config
 from jaxnorm._dtypes import count_dtype, promote, real_dtype
-from jaxnorm._platform import switch
-from jaxnorm._stats import Moments, elements_per_group, group_sum, merged_moments, sharded_axes
+from jaxnorm._engine.maths import Moments, elements_per_group, group_sum
+from jaxnorm._engine.platform import switch
+from jaxnorm._engine.sharding import sharded_axes
 
 
 def applies(x: jax.Array, scale: Any, bias: Any, mask: Any, cfg: Config) -> bool:
   """Whether :func:`affine_normalize` computes this call: real data, no mask, no mapped
-  axis, ε inside the root (the rest keeps :mod:`jaxnorm._kernel` on every platform)."""
+  axis, ε inside the root (the rest takes the closed-form kernel on every platform,
+  :mod:`jaxnorm._engine.kernel`)."""
   return (
     mask is None
     and cfg.axis_name is None
@@ -41,12 +40,12 @@ def applies(x: jax.Array, scale: Any, bias: Any, mask: Any, cfg: Config) -> bool
 
 
 def affine_normalize(
-  x: jax.Array, scale: Any, bias: Any, epsilon: jax.Array, cfg: Config, about: Any = None
+  x: jax.Array, scale: Any, bias: Any, epsilon: jax.Array, cfg: Config, statistics: Any
 ) -> tuple[jax.Array, Moments]:
-  """``(y, Moments)`` as :func:`jaxnorm._kernel.affine_normalize` returns them (the
-  statistics with kept dims, a group's repeated on its channels), in Flax's form; with
-  ``about`` (Add & LayerNorm's :func:`~jaxnorm._stats.rough_row_mean`), XLA:TPU's
-  statistics are the sums around it (:func:`~jaxnorm._stats.moments_about`)."""
+  """``(y, Moments)`` as :func:`jaxnorm._engine.router.affine_normalize` returns them (the
+  statistics with kept dims, a group's repeated on its channels), in Flax's form, the
+  centred statistics from ``statistics(x, axes, groups, dtype)`` (the router's choice:
+  :func:`~jaxnorm._engine.router.exact_moments`)."""
   acc = promote(cfg.dtype, jnp.float32)
   xs = x.astype(cfg.dtype)
   groups = cfg.channel_groups
@@ -55,16 +54,7 @@ def affine_normalize(
     # (x itself where converting it is exact: its shift is then sliced before the conversion)
     exact = jnp.issubdtype(x.dtype, jnp.floating) and promote(x.dtype, cfg.dtype) == cfg.dtype
     raw = x if exact else xs
-    if about is None:
-      mean, var = merged_moments(raw, cfg.axes, groups, acc)
-    else:
-      mean, var = switch(
-        raw,
-        about,
-        like=raw,
-        tpu=lambda r, a: _stats.moments_about(r, a, cfg.axes, groups, acc),
-        default=lambda r, a: merged_moments(r, cfg.axes, groups, acc),
-      )
+    mean, var = statistics(raw, cfg.axes, groups, acc)
   else:
     wide = xs.astype(acc)
     mean, var = jnp.zeros((), acc), group_sum(wide * wide, cfg.axes, groups) / n

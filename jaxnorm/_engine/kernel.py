@@ -25,8 +25,11 @@ pass through a select (:func:`_fusion_barrier`), products are ordered so that no
 product is shared by two reductions (``benchmarks/RESULTS.md``, items 12–14), and each
 reduction takes its own x, γ and half-precision cotangent from a barrier (item 56).
 
-Everything static about a call is one :class:`~jaxnorm._config.Config`, built by the
-public function that was called; ε and the mask are operands.
+The router sends it every call with a mask, an ``axis_name``, ε outside the root or
+complex data, on every platform, and every call on XLA:CPU's single device
+(:mod:`jaxnorm._engine.router`); it asks the router for its statistics
+(:func:`~jaxnorm._engine.router.kernel_moments`). Also here: the one inference path with
+given statistics, :func:`apply_statistics`.
 """
 
 from __future__ import annotations
@@ -37,101 +40,17 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
-from jaxnorm import _accel, _stats
-from jaxnorm._axes import broadcast_shape
 from jaxnorm._config import Config
-from jaxnorm._dtypes import accumulation_dtype, promote, real_dtype, standard_promotion, to_dtype
-from jaxnorm._platform import switch
-from jaxnorm._stats import (
-  Moments,
-  Variance,
-  broadcast_mask,
-  concrete_value,
-  converted_apart,
-  group_moments,
-  group_sum,
-  kept_apart,
-  psum,
-  sharded_axes,
-  sharded_like,
-  shifts,
-)
-
-
-def check_epsilon(epsilon: Any) -> Any:
-  """Returns ``epsilon`` as a float, or raises if it is not a real number ``>= 0``.
-
-  0 is accepted (the textbook ``x / RMS(x)``, as Flax and PyTorch accept it); a constant
-  group then has variance 0 and its output is what the formula gives, ``0/0 = NaN``. A
-  traced ``epsilon`` (e.g. an argument of a jitted function) is returned as it is: only
-  its dtype can be checked while tracing, as in Flax, which accepts it too."""
-  value = concrete_value(epsilon)
-  kind = jnp.result_type(epsilon) if value is None else value.dtype
-  if not (jnp.issubdtype(kind, jnp.floating) or jnp.issubdtype(kind, jnp.integer)) or (
-    jnp.ndim(epsilon if value is None else value)
-  ):
-    raise TypeError(f"epsilon must be a real number >= 0 (a scalar, e.g. 1e-5), got {epsilon!r}.")
-  if value is None:
-    return epsilon
-  eps = float(value)
-  if not eps >= 0:  # negative or NaN
-    raise ValueError(
-      f"epsilon must be >= 0 (a negative or NaN one makes 1/sqrt(var + epsilon) NaN), "
-      f"got {epsilon!r}; use e.g. 1e-5 (BatchNorm) or 1e-6 (LayerNorm)."
-    )
-  return eps
-
-
-def operand(
-  name: str,
-  value: Any,
-  x_shape: tuple[int, ...],
-  axes: tuple[int, ...],
-  dtype: Any,
-  error: str,
-  shaped: bool = True,
-) -> jax.Array:
-  """``value``, one entry per index of ``x_shape``'s ``axes``, in ``dtype`` (a real value
-  stays real) and shaped to broadcast against ``x`` (left in its own shape with
-  ``shaped=False``, for a compiled caller to reshape: an eager reshape is a dispatch of
-  its own): a parameter or a given statistic. A value of another shape raises ``error``
-  formatted with ``name``, ``got`` and ``want``."""
-  want = tuple(x_shape[a] for a in axes)
-  value = jnp.asarray(value)
-  if value.shape != want:
-    raise ValueError(error.format(name=name, got=value.shape, want=want))
-  if shaped:
-    value = value.reshape(broadcast_shape(x_shape, axes))
-  return to_dtype(value, dtype)
-
-
-def affine_params(
-  scale: Any, bias: Any, x_shape: tuple[int, ...], cfg: Config, shaped: bool = True
-) -> tuple[jax.Array | None, jax.Array | None]:
-  """``(γ, β)`` checked against the feature shape of an ``x_shape`` input (one value per
-  feature along ``cfg.features``), in ``cfg.dtype``, shaped to broadcast (with
-  ``shaped=False`` in their own shape, which :func:`affine_normalize` takes too); None
-  stays None."""
-  error = (
-    f"{{name}} has shape {{got}}, but an input of shape {tuple(x_shape)} has features of "
-    f"shape {{want}} along feature axes {cfg.features}; pass a {{name}} of shape {{want}} "
-    f"(one value per feature) or change the feature axes."
-  )
-  gamma, beta = (
-    None if v is None else operand(n, v, x_shape, cfg.features, cfg.dtype, error, shaped)
-    for n, v in (("scale", scale), ("bias", bias))
-  )
-  return gamma, beta
-
-
-def inverse_std(var: jax.Array, epsilon: Any, epsilon_in_root: bool = True) -> jax.Array:
-  """``1/sqrt(var + ε)``, or ``1/(sqrt(var) + ε)`` with ``epsilon_in_root=False``."""
-  if epsilon_in_root:
-    return lax.rsqrt(var + epsilon)
-  return 1.0 / (jnp.sqrt(var) + epsilon)
+from jaxnorm._dtypes import accumulation_dtype, promote, standard_promotion
+from jaxnorm._engine import router
+from jaxnorm._engine.barriers import converted_apart, kept_apart
+from jaxnorm._engine.collectives import psum
+from jaxnorm._engine.inputs import broadcast_mask, check_epsilon, shaped_params
+from jaxnorm._engine.maths import Moments, group_sum, inverse_std
+from jaxnorm._engine.platform import switch
+from jaxnorm._engine.sharding import sharded_axes, sharded_like
 
 
 def _inverse_std_tangent(r, depsilon, epsilon_in_root):
@@ -139,7 +58,7 @@ def _inverse_std_tangent(r, depsilon, epsilon_in_root):
   return -0.5 * r * r * r * depsilon if epsilon_in_root else -r * r * depsilon
 
 
-class _View(NamedTuple):
+class View(NamedTuple):
   """The statistics' view of ``x``: runs of adjacent axes that are all reduced or all kept
   (and along which the parameters and the mask are all full or all 1) merged into one.
 
@@ -164,10 +83,10 @@ class _View(NamedTuple):
     return jnp.reshape(a, tuple(math.prod(shape[i] for i in g) for g in self.groups))
 
 
-def _view(shape, axes, channel_groups, *operands, sharded=()):
-  """The :class:`_View` of an array of ``shape`` reduced over ``axes`` (and ``channel_groups``),
+def view(shape, axes, channel_groups, *operands, sharded=()):
+  """The :class:`View` of an array of ``shape`` reduced over ``axes`` (and ``channel_groups``),
   given the small ``operands`` (parameters, mask; None allowed) that broadcast onto it.
-  Axes in ``sharded`` (explicitly sharded ones, :func:`~jaxnorm._stats.sharded_axes`) stay
+  Axes in ``sharded`` (explicitly sharded ones, :func:`~jaxnorm._engine.sharding.sharded_axes`) stay
   apart: a reshape cannot merge a sharded axis with another."""
   full = [tuple(jnp.shape(o)[i] != 1 for o in operands if o is not None) for i in range(len(shape))]
   channel = None if channel_groups is None else channel_groups[0]
@@ -187,32 +106,13 @@ def _view(shape, axes, channel_groups, *operands, sharded=()):
   cg = None
   if channel_groups is not None:
     cg = (next(j for j, g in enumerate(groups) if channel in g), channel_groups[1])
-  return _View(tuple(groups), view_axes, cg)
+  return View(tuple(groups), view_axes, cg)
 
 
 def _primal(x, scale, bias, mask, epsilon, cfg, differentiated=False):
-  """The output, the statistics and ``r``. The variance: undifferentiated, two passes over
-  short trailing rows and for channel groups, else ``Σx ∥ Σx²``
-  checked on XLA:CPU (its fastest forward) and sums shifted by two elements elsewhere;
-  under differentiation the shifted sums (no ``lax.cond``, whose untaken branch XLA
-  counts as traffic): ``benchmarks/RESULTS.md``, items 4, 9, 11, 34, 37, 38 and 39. All are
-  accurate for any offset."""
-  v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias, sharded=sharded_axes(x))
-  variance, shift = Variance.CHECKED, None
-  rows = v.axes == (len(v.groups) - 1,) and cfg.channel_groups is None
-  fused_rows = not differentiated and rows and mask is None and cfg.axis_name is None
-  if fused_rows:
-    v = _View(tuple((i,) for i in range(x.ndim)), cfg.axes, None)
-    variance = Variance.TWO_PASS
-  elif not differentiated and cfg.channel_groups is not None:
-    variance = Variance.TWO_PASS  # (no cond, Flax's reads of x: items 37 and 39)
-  elif differentiated:
-    variance = Variance.SHIFTED
-  if variance is Variance.SHIFTED or (cfg.channel_groups and variance is Variance.TWO_PASS):
-    # Sliced from x itself, not from its view: XLA:CPU then reads them once (item 11).
-    shift = shifts(x, cfg.axes, cfg.channel_groups)
-    shift = None if shift is None else tuple(v(s).astype(cfg.dtype) for s in shift)
-  stats = group_moments(v(x), v(mask), v.config(cfg), variance, shift)
+  """The output, the statistics (the router's choice for this kernel,
+  :func:`~jaxnorm._engine.router.kernel_moments`) and ``r``."""
+  stats, fused_rows = router.kernel_moments(x, scale, bias, mask, cfg, differentiated)
   x = x.astype(cfg.dtype)
   kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))
   stats = Moments(*(s.reshape(kept) for s in stats))
@@ -252,7 +152,7 @@ def _overflowed_to_nan(var, fused_rows, x):
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(5,))
-def _affine_normalize(x, scale, bias, mask, epsilon, cfg):
+def normalize(x, scale, bias, mask, epsilon, cfg):
   y, stats, _ = _primal(x, scale, bias, mask, epsilon, cfg)
   return y, stats
 
@@ -264,7 +164,7 @@ def _fusion_barrier(r, a):
   return jnp.where(r == r, a, 0)
 
 
-@functools.partial(_affine_normalize.defjvp, symbolic_zeros=True)
+@functools.partial(normalize.defjvp, symbolic_zeros=True)
 @standard_promotion
 def _affine_normalize_jvp(cfg, primals, tangents):
   x, scale, bias, mask, epsilon = primals
@@ -276,7 +176,7 @@ def _affine_normalize_jvp(cfg, primals, tangents):
     # Masked-out padding is often garbage: a NaN or inf there, times a zero cotangent, would
     # reach every valid gradient through the group sums. Finite padding keeps its terms.
     x = jnp.where(full_mask | jnp.isfinite(x), x, 0)
-  v = _view(x.shape, cfg.axes, cfg.channel_groups, scale, bias, sharded=sharded_axes(x))
+  v = view(x.shape, cfg.axes, cfg.channel_groups, scale, bias, sharded=sharded_axes(x))
   # Products with per-group or per-feature tangents run in at least float32: reverse mode
   # transposes their broadcasts into sums over x, which overflow float16 past 65,504 terms.
   acc = accumulation_dtype(cfg.dtype)
@@ -353,47 +253,7 @@ def _summed_apart(parts, linear, shape, dtype, acc, split):
   return sum(t.astype(acc) for t in parts).astype(dtype)
 
 
-def affine_normalize(
-  x: jax.Array,
-  scale: jax.Array | None,
-  bias: jax.Array | None,
-  cfg: Config,
-  *,
-  epsilon: Any,
-  mask: jax.Array | None = None,
-  about: jax.Array | None = None,
-) -> tuple[jax.Array, Moments]:
-  """Normalizes ``x`` over ``cfg.axes`` with its own statistics and applies ``γ, β``.
-
-  Args:
-    x: the input, in any dtype (converted to ``cfg.dtype`` inside). Complex inputs (or
-      parameters) take the exact two-pass statistics and JAX's own derivative.
-    scale: optional ``γ`` in ``cfg.dtype``, broadcastable to ``x`` or of the feature shape
-      (:func:`affine_params`).
-    bias: optional ``β``, the same.
-    cfg: the normalization (axes, centring, ε's place, channel groups, devices, dtypes).
-    epsilon: the constant (>= 0) added to the variance (or, with
-      ``epsilon_in_root=False``, to the standard deviation); traced values work.
-    mask: optional boolean mask broadcastable to ``x``; statistics use its True positions,
-      every position is normalized, and groups without a valid element give ``x̂ = 0``.
-    about: optional rough mean of each group (:func:`~jaxnorm._stats.rough_row_mean`, Add &
-      LayerNorm), around which XLA:TPU sums; the statistics do not depend on it.
-
-  Returns:
-    ``(y, Moments)`` with ``y`` in ``cfg.out_dtype`` and the moments' reduced dimensions
-    kept (size 1); with channel groups each group's statistics are repeated on its channels.
-  """
-  if mask is not None:
-    mask = broadcast_mask(mask, x.shape)
-  eps = jnp.asarray(check_epsilon(epsilon), real_dtype(cfg.dtype))
-  if jnp.issubdtype(cfg.dtype, jnp.complexfloating) or any(
-    jnp.iscomplexobj(a) for a in (x, scale, bias)
-  ):
-    return _compiled_complex_normalize(x, scale, bias, mask, eps, cfg)
-  return _compiled_affine_normalize(x, scale, bias, mask, eps, cfg, about)
-
-
-def _complex_normalize(x, scale, bias, mask, epsilon, cfg):
+def complex_normalize(x, scale, bias, mask, epsilon, cfg):
   """Complex inputs (Flax's semantics: complex mean, real variance ``E|x − μ|²``) take the
   exact two-pass statistics and JAX's own derivative: the closed-form rule above is
   written for real arithmetic."""
@@ -402,43 +262,7 @@ def _complex_normalize(x, scale, bias, mask, epsilon, cfg):
   return y, stats
 
 
-# Compiled once per shape and configuration: eager calls run one XLA program instead of
-# dispatching every operation; under an outer jit this is simply inlined.
-def _shaped_params(normalize):
-  """``normalize`` taking ``γ, β`` also in their own feature shape (``affine_params(...,
-  shaped=False)``), reshaped to broadcast inside the compiled program; parameters of
-  ``x``'s rank (shaped, or per sample) pass as they are."""
-
-  def call(x, scale, bias, mask, epsilon, cfg, *about):
-    scale, bias = (
-      p if p is None or p.ndim == x.ndim else p.reshape(broadcast_shape(x.shape, cfg.features))
-      for p in (scale, bias)
-    )
-    return normalize(x, scale, bias, mask, epsilon, cfg, *about)
-
-  return call
-
-
-def _by_platform(x, scale, bias, mask, epsilon, cfg, about=None):
-  """XLA:CPU's tuned kernel on one device; Flax's program with exact statistics
-  (:mod:`jaxnorm._accel`), where it applies, on a mesh and on every other platform."""
-  if not _accel.applies(x, scale, bias, mask, cfg):
-    return _affine_normalize(x, scale, bias, mask, epsilon, cfg)
-  if _stats.on_mesh(x):
-    return _accel.affine_normalize(x, scale, bias, epsilon, cfg)
-  return switch(
-    x,
-    scale,
-    bias,
-    epsilon,
-    like=x,
-    cpu=lambda x, s, b, e: _affine_normalize(x, s, b, None, e, cfg),
-    default=lambda x, s, b, e: _accel.affine_normalize(x, s, b, e, cfg, about),
-  )
-
-
-_compiled_affine_normalize = jax.jit(_shaped_params(_by_platform), static_argnums=(5,))
-_compiled_complex_normalize = jax.jit(_shaped_params(_complex_normalize), static_argnums=(5,))
+compiled_complex_normalize = jax.jit(shaped_params(complex_normalize), static_argnums=(5,))
 
 
 def apply_statistics(
@@ -482,7 +306,7 @@ def _shift_scale_jvp(dtype, out_dtype, primals, tangents):
   moved, (dx, dmean, ds, dbias) = _given(tangents)
   y = _shift_scale(x, mean, s, bias, dtype, out_dtype)
   axes = tuple(i for i in range(x.ndim) if s.shape[i] == 1)
-  v = _view(x.shape, axes, None, s, sharded=sharded_axes(x))
+  v = view(x.shape, axes, None, s, sharded=sharded_axes(x))
   acc = accumulation_dtype(dtype)  # (half precision: see _affine_normalize_jvp)
   # (its own x, unrounded where exact: XLA:CPU reads it in half precision there, item 55)
   xa = converted_apart(x if promote(x.dtype, dtype) == dtype else x.astype(dtype), acc, 1)[0]

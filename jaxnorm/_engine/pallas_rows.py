@@ -1,8 +1,8 @@
 """The row norms on the Pallas kernels (``implementation="pallas"``), behind a custom JVP.
 
 ``normalize_rows`` flattens a norm over the trailing axes of ``x`` into rows, runs the
-forward kernel (:mod:`jaxnorm._pallas`) and differentiates it with the closed-form rule of
-the XLA path (``_kernel.affine_normalize``'s JVP, reused, not rewritten), whose transpose
+forward kernel (:mod:`jaxnorm._engine.pallas`) and differentiates it with the closed-form rule of
+the XLA path (``kernel.normalize``'s JVP, reused, not rewritten), whose transpose
 is the fused backward kernel: the tangent is a ``linear_call`` of the two. So forward mode
 runs the XLA tangent, reverse mode the Pallas backward (``dx``, ``dγ``, ``dβ``, the
 residual's cotangent added in one pass), and ``jit``, ``vmap``, ``vmap`` of ``grad`` and
@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero, linear_call
 
-from jaxnorm import _pallas
 from jaxnorm._config import Config
 from jaxnorm._dtypes import standard_promotion
-from jaxnorm._kernel import affine_normalize, check_epsilon
-from jaxnorm._stats import broadcast_mask
+from jaxnorm._engine import pallas as _pallas
+from jaxnorm._engine.inputs import broadcast_mask, check_epsilon
+from jaxnorm._engine.router import affine_normalize
 
 IMPLEMENTATIONS = (None, "xla", "pallas")
 
@@ -42,7 +42,7 @@ def kernel_misfit(x: jax.Array, cfg: Config, *operands: Any) -> str | None:
   """Why the row kernels cannot compute this normalization, or None when they can: the
   statistics over a trailing run of axes (all of them the feature axes, when there are
   parameters), in float32, on one device, of a real input with rows of at most
-  :data:`~jaxnorm._pallas.MAX_ROW` elements."""
+  :data:`~jaxnorm._engine.pallas.MAX_ROW` elements."""
   trailing = tuple(range(x.ndim - len(cfg.axes), x.ndim))
   d = math.prod(x.shape[a] for a in cfg.axes)
   if cfg.axis_name is not None:

@@ -1,0 +1,36 @@
+"""XLA:GPU: its forms of the statistics where the merged sums cost more.
+
+- Column reductions (the reduced axes short of the last): XLA:GPU writes a variadic column
+  reduction's operands out (14|x| against Flax's 3), so plain sums shifted by two elements
+  of each group, :func:`two_shifts` (3|x|, ``benchmarks/RESULTS.md``, item 47);
+- undifferentiated rows (the last axis alone): two passes, :func:`row_moments`, which
+  XLA:GPU turns with the norm into one kernel (2|x| against Flax's 3).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jaxnorm._engine.maths import elements_per_group, merged_over, shifted_parts, shifts, two_pass
+from jaxnorm._engine.sharding import mesh_blocks
+
+
+def two_shifts(raw, axes, dtype, per_outer=False):
+  """``(n, a, s₁, s₂)`` as :func:`merged_sums`, by :func:`shifted_parts` with each kept
+  index's first and last elements (one shared ``x − a`` XLA:GPU wrote out: 5|x| against
+  3|x| at 8 × 64 × 64 × 320), sliced from ``raw`` itself (no converted copy of a
+  half-precision input written out). With ``per_outer`` (on a mesh), one pair of shifts
+  per index of the first reduced axis, the sums over the others, merged over it: where
+  GSPMD shards that axis the shifts stay on their shard, and one gather combines the
+  shards (two broadcasts and 4 all-reduces for a BatchNorm over 4 GPUs otherwise)."""
+  inner = axes[1:] if per_outer and len(axes) > 1 else axes
+  ab = tuple(s.astype(dtype) for s in shifts(raw, inner))
+  parts = shifted_parts(raw.astype(dtype), inner, None, ab)
+  return parts if inner == axes else merged_over(parts, axes[:1], mesh_blocks(raw, axes))
+
+
+def row_moments(raw, axes, groups, dtype):
+  """``(mean, var)`` of ``raw``'s rows in ``dtype`` in two passes (one kernel with the
+  norm on XLA:GPU)."""
+  inv_n = 1.0 / elements_per_group(raw.shape, axes, groups)
+  return two_pass(raw.astype(dtype), axes, groups, jnp.asarray(inv_n, dtype))
