@@ -26,7 +26,7 @@ MARKS = {
 }
 
 # (norm, platform, masked, on a mesh, differentiated) -> the marks the program carries.
-# Columns: BatchNorm over (N, H, W); rows: LayerNorm over the last axis.
+# Columns: BatchNorm over (N, H, W), InstanceNorm over (H, W); rows: LayerNorm over the last axis.
 # fmt: off
 ROUTES = [
   # XLA:CPU, one device: checked Σx ∥ Σx² forward, sums shifted by two elements under
@@ -44,10 +44,13 @@ ROUTES = [
   ("batch", "tpu", False, False, True, {"merged"}),
   ("layer", "tpu", False, False, False, {"merged"}),
   ("layer", "tpu", False, False, True, {"merged"}),
-  # GPUs: column sums shifted by two elements; rows in two passes forward (one kernel),
-  # merged under differentiation; on a mesh the columns merged over the first axis.
-  ("batch", "gpu", False, False, False, set()),
-  ("batch", "gpu", False, False, True, set()),
+  # GPUs: column sums shifted by two elements (over the batch per sample, the samples
+  # merged: RESULTS item 70); rows in two passes forward (one kernel), merged under
+  # differentiation; on a mesh the columns merged over the first axis.
+  ("batch", "gpu", False, False, False, {"merged"}),
+  ("batch", "gpu", False, False, True, {"merged"}),
+  ("instance", "gpu", False, False, False, set()),
+  ("instance", "gpu", False, False, True, set()),
   ("batch", "gpu", False, True, True, {"merged"}),
   ("layer", "gpu", False, False, False, set()),
   ("layer", "gpu", False, False, True, {"merged"}),
@@ -61,6 +64,8 @@ ROUTES = [
 def _norm(name, x, mask):
   if name == "batch":
     return jaxnorm.batch_norm(x, mask=mask)[0]
+  if name == "instance":
+    return jaxnorm.instance_norm(x, mask=mask)
   return jaxnorm.layer_norm(x, mask=mask)
 
 

@@ -29,7 +29,8 @@ TPUs                           Flax's program with the merged sums (merged_momen
                                (tpu: moments_about)
 GPUs                           Flax's program; rows: two passes forward (gpu: row_moments,
                                one kernel with the norm), the merged sums differentiated;
-                               columns: sums shifted by two elements (gpu: two_shifts)
+                               columns: sums shifted by two elements (gpu: two_shifts),
+                               over the batch per index of it, merged over it
 ``implementation="pallas"``    the Pallas row kernels (pallas_rows: normalize_rows), each
                                platform's traced, the lowering keeping its own (pallas)
 =============================  ==============================================================
@@ -255,12 +256,14 @@ def exact_moments(raw, axes, groups, dtype, about=None):
 def _differentiated(raw, axes, groups, dtype):
   """The statistics under differentiation: the merged sums, except XLA:GPU's column
   reductions (reduced axes short of the last), whose variadic form it writes out (14|x|
-  against Flax's 3): plain sums shifted by elements there (3|x|, RESULTS item 47)."""
+  against Flax's 3): plain sums shifted by elements there (3|x|, RESULTS item 47), per
+  index of the batch where they reduce over it (RESULTS item 70)."""
   merged = functools.partial(merged_sums, axes=axes, dtype=dtype, known=groups is not None)
   if raw.ndim - 1 in axes or set(sharded_axes(raw)) & set(axes):
     parts = merged(raw)  # (explicit sharding cannot slice one element of a sharded axis)
   else:
-    gpu = functools.partial(two_shifts, axes=axes, dtype=dtype, per_outer=on_mesh(raw))
+    per_outer = on_mesh(raw) or axes[0] == 0
+    gpu = functools.partial(two_shifts, axes=axes, dtype=dtype, per_outer=per_outer)
     parts = switch(raw, like=raw, gpu=gpu, default=merged)
   return moments_of(parts, groups)
 
