@@ -47,3 +47,13 @@ def test_code_scrolls_and_outputs_wrap_in_the_rendered_pages():
   assert code and "white-space: pre;" in code.group(1) and "overflow-x: auto" in code.group(1)
   outputs = re.search(r"\.bd-article \.cell_output pre\s*\{([^}]*)\}", css)
   assert outputs and "white-space: pre-wrap" in outputs.group(1)
+
+
+def test_the_front_end_guides_scan_batch_norm_layers():
+  """BatchNorm under ``nn.scan`` (its ``batch_stats`` stacked per layer) and under
+  ``nnx.scan`` over ``nnx.vmap``-made layers: the recipe CNN users look for, executed by
+  the docs build."""
+  linen = "\n".join(_cells("guides/linen.md"))
+  nnx = "\n".join(_cells("guides/nnx.md"))
+  assert '"batch_stats": 0' in linen and "nn.scan(" in linen and "nn.remat(" in linen
+  assert "jnnx.BatchNorm(" in nnx and "@nnx.scan(" in nnx and "nnx.vmap(" in nnx
