@@ -262,7 +262,7 @@ def _differentiated(raw, axes, groups, dtype):
   if raw.ndim - 1 in axes or set(sharded_axes(raw)) & set(axes):
     parts = merged(raw)  # (explicit sharding cannot slice one element of a sharded axis)
   else:
-    per_outer = on_mesh(raw) or axes[0] == 0
+    per_outer = on_mesh(raw) or axes[:1] == (0,)
     gpu = functools.partial(two_shifts, axes=axes, dtype=dtype, per_outer=per_outer)
     parts = switch(raw, like=raw, gpu=gpu, default=merged)
   return moments_of(parts, groups)
