@@ -183,13 +183,13 @@ def test_tpu_add_layer_norm_derivatives(rng, tpu_branch):
   assert np.abs(expected[1]).max() > 0.1  # (a non-trivial second derivative)
 
 
-@pytest.mark.parametrize("per_outer", [False, True], ids=["one_device", "mesh"])
+@pytest.mark.parametrize("per_outer", [False, True], ids=["global", "per_sample"])
 @pytest.mark.parametrize("groups", [None, (3, 4)], ids=["channels", "groups"])
 def test_gpu_column_statistics_exact_far_off_centre(rng, groups, per_outer):
   """XLA:GPU's column statistics (plain sums shifted by two elements of each group, where a
-  variadic column reduction would write its operands out; on a mesh, per index of the
-  first reduced axis, merged over it) at 1e4 ± 1: mean and variance as the float64
-  reference's."""
+  variadic column reduction would write its operands out; over the batch and on a mesh,
+  per index of the first reduced axis, merged over it) at 1e4 ± 1: mean and variance as
+  the float64 reference's."""
   x = rng.normal(1e4, 1.0, (16, 6, 6, 8)).astype(np.float32)
   axes = (0, 1, 2) if groups is None else (1, 2)
   mean, var = jax.jit(
@@ -506,7 +506,8 @@ def test_h100_programs_cost_what_flax_costs(kind, shape, dtype):
   kernels forward: the shifts' slices, a known limit). One small kernel more than Flax's
   forward+backward where XLA:GPU splits the derivative's reductions: LayerNorm over
   4,096-wide bfloat16 rows, and InstanceNorm on a ResNet map; two for float32 BatchNorm
-  training there (bytes within Flax's). Until these, the H100 programs had no test: a change to
+  training there and one for bfloat16 (its per-sample sums merged, RESULTS item 70;
+  bytes within Flax's). Until these, the H100 programs had no test: a change to
   the statistics could cost the GPU programs and pass every test."""
   import gpu_programs  # noqa: PLC0415 (benchmarks/ is on the path: accelerator_programs)
 
