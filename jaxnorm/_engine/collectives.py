@@ -102,7 +102,7 @@ def _combine_devices(parts, axis_name, axis_index_groups):
   """Each device's ``(n, a, s₁, s₂)`` (its sums around its shift ``a``) combined across
   ``axis_name`` (or this member's group), the same on every member: up to
   ``_GATHER_MEMBERS`` members gathered in one collective (:func:`_gather`) and merged by
-  :func:`merge`; beyond, moved onto one rough mean ``μ̃ = Σ(nᵢaᵢ + s₁ᵢ)/n`` in two
+  ``maths.merge``; beyond, moved onto one rough mean ``μ̃ = Σ(nᵢaᵢ + s₁ᵢ)/n`` in two
   ``psum`` calls. No offset is squared; devices without a valid element drop out."""
   n, a, s1, s2 = parts
   if axis_size(axis_name) > _GATHER_MEMBERS:

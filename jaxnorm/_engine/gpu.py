@@ -16,7 +16,7 @@ from jaxnorm._engine.sharding import mesh_blocks
 
 
 def two_shifts(raw, axes, dtype, per_outer=False):
-  """``(n, a, s₁, s₂)`` as :func:`merged_sums`, by :func:`shifted_parts` with each kept
+  """``(n, a, s₁, s₂)`` as ``maths.merged_sums``, by ``maths.shifted_parts`` with each kept
   index's first and last elements (one shared ``x − a`` XLA:GPU wrote out: 5|x| against
   3|x| at 8 × 64 × 64 × 320), sliced from ``raw`` itself (no converted copy of a
   half-precision input written out). With ``per_outer`` (on a mesh, and over the batch),

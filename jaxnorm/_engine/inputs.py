@@ -67,7 +67,7 @@ def affine_params(
 ) -> tuple[jax.Array | None, jax.Array | None]:
   """``(γ, β)`` checked against the feature shape of an ``x_shape`` input (one value per
   feature along ``cfg.features``), in ``cfg.dtype``, shaped to broadcast (with
-  ``shaped=False`` in their own shape, which :func:`affine_normalize` takes too); None
+  ``shaped=False`` in their own shape, which ``router.affine_normalize`` takes too); None
   stays None."""
   error = (
     f"{{name}} has shape {{got}}, but an input of shape {tuple(x_shape)} has features of "

@@ -20,7 +20,7 @@ it keeps the plain sums, whose cancellation costs gradients of far off-centre da
 (|μ|/σ ≈ 1e4) about 3e-5 relative error — the forward output stays exact.
 
 How XLA:CPU compiles this decides the traffic, so four details are deliberate: every
-reduction runs on a merged view of ``x`` (:class:`_View`), the small per-group factors
+reduction runs on a merged view of ``x`` (:class:`View`), the small per-group factors
 pass through a select (:func:`_fusion_barrier`), products are ordered so that no full-size
 product is shared by two reductions (``benchmarks/RESULTS.md``, items 12–14), and each
 reduction takes its own x, γ and half-precision cotangent from a barrier (item 56).

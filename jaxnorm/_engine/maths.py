@@ -181,7 +181,7 @@ def shifted_parts(x, axes, groups, shifts, raw=None):
   most ``(mean − b)²/var ≤ n`` (an element lies within ``sqrt(n)`` standard deviations
   of the mean), typically ~1, instead of ``mean²/var`` for ``E[x²] − E[x]²`` (Flax's
   fast variance), which is unbounded. With ``raw`` (x before its conversion), each sum reads
-  it on its own (:func:`converted_apart`; ``benchmarks/RESULTS.md``, items 11 and 56)."""
+  it on its own (``barriers.converted_apart``; ``benchmarks/RESULTS.md``, items 11 and 56)."""
   x, y, a, b = (x, x, *shifts) if raw is None else converted_apart(raw, x.dtype, 2, *shifts)
   s1, t2 = group_sum(x - a, axes, groups), group_sum(jnp.square(y - b), axes, groups)
   n = jnp.full_like(s1, elements_per_group(x.shape, axes, groups))
@@ -208,7 +208,7 @@ def two_pass(x, axes, groups, inv_n, valid=None, center=True, about=None, raw=No
   two passes, the mean as ``a + mean(x − a)`` around an element ``about`` of each group
   where one is given (rounded once at the offset: at 1e6 the plain sums' mean was up to
   3 float32 ulps off, this one half an ulp, item 39); uncentred, 0 and ``E|x|²``. With
-  ``raw`` (``x`` before its conversion), each pass reads it (:func:`converted_apart`)."""
+  ``raw`` (``x`` before its conversion), each pass reads it (``barriers.converted_apart``)."""
 
   def mean_of(z):
     return group_sum(z if valid is None else jnp.where(valid, z, 0), axes, groups) * inv_n

@@ -174,14 +174,14 @@ def group_moments(
   shift: tuple[jax.Array, jax.Array] | None = None,
 ) -> Moments:
   """Moments of ``x`` over ``cfg.axes`` (and ``cfg.channel_groups``, see
-  :func:`group_sum`), in ``cfg.dtype``, with the reduced dims kept.
+  ``maths.group_sum``), in ``cfg.dtype``, with the reduced dims kept.
 
   On one device without a mask the centred variance comes from ``variance``
-  (:class:`Variance`; with channel groups ``SHIFTED`` takes the two elements ``shift``
-  from :func:`shifts`, the two-pass formula when they are None; without, by
+  (``maths.Variance``; with channel groups ``SHIFTED`` takes the two elements ``shift``
+  from ``maths.shifts``, the two-pass formula when they are None; without, by
   :func:`_unmasked`, exact also where GSPMD shards a reduced axis); with a mask, for
-  complex or empty inputs from the two-pass formula (:func:`two_pass`); across devices
-  from each device's statistics combined in one collective (:func:`_combine_devices`).
+  complex or empty inputs from the two-pass formula (``maths.two_pass``); across devices
+  from each device's statistics combined in one collective (``collectives.device_parts``).
   Counts, ``1/n`` and every sum are in at least float32; the variance comes back in the
   real dtype, the count in the count dtype.
   """
@@ -269,8 +269,6 @@ def _differentiated(raw, axes, groups, dtype):
 
 
 _under_differentiation = jax.custom_jvp(_differentiated, nondiff_argnums=(1, 2, 3))
-
-
 _under_differentiation.defjvp(textbook_jvp(_under_differentiation))
 
 

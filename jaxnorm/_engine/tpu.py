@@ -33,7 +33,7 @@ def rough_row_mean(x: jax.Array, residual: jax.Array, axes: tuple[int, ...], dty
 def moments_about(raw: jax.Array, about: jax.Array, axes: Any, groups: Any, dtype: Any) -> Any:
   """``(mean, var)`` from the plain sums ``Σ(x − a)``, ``Σ(x − a)²`` around ``about``
   (:func:`rough_row_mean`), which XLA:TPU fuses with Add & Norm's add as it does not
-  :func:`merged_moments`' reduction. A mean of ``m`` of ``n`` elements lies within
+  ``router.merged_moments``' reduction. A mean of ``m`` of ``n`` elements lies within
   ``σ·sqrt(n/m − 1)`` of theirs: cancellation ``n/m`` at most (32 at 4,096), any offset."""
   x, a = raw.astype(dtype), about.astype(dtype)
   return moments_of(shifted_parts(x, axes, groups, (a, a)), groups)
