@@ -85,9 +85,14 @@ class Layout(NamedTuple):
 TPU_BLOCK = 262144  # elements of a TPU block (1 MiB in float32)
 # GPU layouts measured on a device (benchmarks/pallas_tune.py), per (padded row length,
 # bytes of an element of x): (rows per block, warps, programs), each entry committed with
-# the results that chose it. Empty: no device has measured one, so every row length takes
-# the rule of :func:`_layout`.
-GPU_TABLE: dict[tuple[int, int], tuple[int, int, int]] = {}
+# the results that chose it; other row lengths take the rule of :func:`_layout`. These:
+# LayerNorm forward+backward on an H200 (132 SMs, as an H100), 0.70-0.74x the rule's time
+# (results/nvidia-h200/pallas_tune.md, RESULTS item 71).
+GPU_TABLE: dict[tuple[int, int], tuple[int, int, int]] = {
+  (1024, 2): (8, 4, 264),
+  (2048, 2): (2, 4, 264),
+  (4096, 2): (1, 8, 264),
+}
 SMS = 132  # an H100's streaming multiprocessors: the persistent grid's programs by rule
 CORES = 2  # TPU cores the backward's grid splits its row blocks over ("parallel"; megacore
 # chips run one half on each, one-core chips both in turn)

@@ -62,8 +62,10 @@ def kernel_misfit(x: jax.Array, cfg: Config, *operands: Any) -> str | None:
 
 # Where ``implementation=None`` takes the Pallas kernels: platform -> the row lengths
 # (elements, inclusive) over which a device-timed run measured them faster than XLA
-# (``benchmarks/gpu_suite.py``). Empty by measurement: on an H100 their forward+backward is
-# 1.3-1.6x XLA's in bfloat16 at every row length timed (RESULTS item 57).
+# (``benchmarks/gpu_suite.py``). Empty by measurement: on an H200 their forward+backward is
+# 0.37-0.92x XLA's for float32 rows of 1,024-8,192 but 1.2-2.0x for Add & Norm and 16,384
+# wide, a rule by row length cannot tell them apart, and the kernels have no second
+# derivative, which a default would take from users (RESULTS items 57, 71).
 PALLAS_BY_DEFAULT: dict[str, tuple[int, int]] = {}
 
 
