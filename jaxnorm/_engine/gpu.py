@@ -3,8 +3,9 @@
 - Column reductions (the reduced axes short of the last): XLA:GPU writes a variadic column
   reduction's operands out (14|x| against Flax's 3), so plain sums shifted by two elements
   of each group, :func:`two_shifts` (3|x|, ``benchmarks/RESULTS.md``, item 47);
-- undifferentiated rows (the last axis alone): two passes, :func:`row_moments`, which
-  XLA:GPU turns with the norm into one kernel (2|x| against Flax's 3).
+- undifferentiated rows (the last axis alone) of at most :data:`FUSED_ROW` elements: two
+  passes, :func:`row_moments`, which XLA:GPU turns with the norm into one kernel (2|x|
+  against Flax's 3).
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ def two_shifts(raw, axes, dtype, per_outer=False):
   ab = tuple(s.astype(dtype) for s in shifts(raw, inner))
   parts = shifted_parts(raw.astype(dtype), inner, None, ab)
   return parts if inner == axes else merged_over(parts, axes[:1], mesh_blocks(raw, axes))
+
+
+# The longest row :func:`row_moments` takes. XLA:GPU's one-kernel row fusion holds a row
+# per program: an H200 timed it at 0.64-0.84x Flax's three kernels up to 8,192 elements,
+# but 1.44x (bfloat16) and 1.07x (float32) at 16,384; from 32,768 it is no longer one
+# kernel (7 kernels and 4.04|x| forward against Flax's 5 and 3.04). Longer rows take the
+# merged sums, Flax's kernels (RESULTS item 72).
+FUSED_ROW = 8192
 
 
 def row_moments(raw, axes, groups, dtype):

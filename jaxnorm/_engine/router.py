@@ -27,8 +27,9 @@ XLA:CPU, one device            the kernel (kernel: normalize). Forward: rows in 
 TPUs                           Flax's program with the merged sums (merged_moments); Add &
                                LayerNorm from 512 wide: sums around each row's rough mean
                                (tpu: moments_about)
-GPUs                           Flax's program; rows: two passes forward (gpu: row_moments,
-                               one kernel with the norm), the merged sums differentiated;
+GPUs                           Flax's program; rows of up to 8,192 elements: two passes
+                               forward (gpu: row_moments, one kernel with the norm), the
+                               merged sums differentiated and for longer rows;
                                columns: sums shifted by two elements (gpu: two_shifts),
                                over the batch per index of it, merged over it
 ``implementation="pallas"``    the Pallas row kernels (pallas_rows: normalize_rows), each
@@ -57,7 +58,7 @@ from jaxnorm._dtypes import count_dtype, promote, real_dtype, reduction_dtype
 from jaxnorm._engine import accelerators, kernel
 from jaxnorm._engine.collectives import device_parts
 from jaxnorm._engine.cpu import by_method
-from jaxnorm._engine.gpu import row_moments, two_shifts
+from jaxnorm._engine.gpu import FUSED_ROW, row_moments, two_shifts
 from jaxnorm._engine.inputs import broadcast_mask, check_epsilon, shaped_params
 from jaxnorm._engine.maths import (
   Moments,
@@ -277,10 +278,12 @@ def merged_moments(raw: jax.Array, axes: tuple[int, ...], groups: Any, dtype: An
   """``(mean, var)`` of ``raw`` in ``dtype`` over ``axes`` and channel ``groups`` (kept
   dims), exact for any offset, with the textbook derivative (JAX differentiates no
   reduction with its own combiner). As :func:`_differentiated`, except XLA:GPU's
-  undifferentiated rows (the last axis alone) off a mesh: two passes, which it turns with
-  the norm into one kernel (2|x| against Flax's 3; differentiated, 12|x| against 7)."""
+  undifferentiated rows (the last axis alone) of at most ``gpu.FUSED_ROW`` elements off a
+  mesh: two passes, which it turns with the norm into one kernel (2|x| against Flax's 3;
+  differentiated, 12|x| against 7)."""
   stats = functools.partial(_differentiated, axes=axes, groups=groups, dtype=dtype)
-  if axes != (raw.ndim - 1,) or on_mesh(raw):  # (over more axes it made no one kernel)
+  # (over more axes it made no one kernel; over longer rows a slower one: gpu.FUSED_ROW)
+  if axes != (raw.ndim - 1,) or on_mesh(raw) or raw.shape[-1] > FUSED_ROW:
     return stats(raw)
   rows = functools.partial(row_moments, axes=axes, groups=groups, dtype=dtype)
   return switch(raw, like=raw, gpu=rows, default=stats)
