@@ -28,7 +28,12 @@ device's name) go to ``benchmarks/results/<device>/``; ``--budget`` seconds boun
 the CPU in seconds (``tests/test_gpu_suite.py``), so that the suite never rots between GPU
 runs.
 
+``--variant NAME`` runs an engine alternative of ``variants.py`` on its cases alone (into
+``gpu_suite_NAME.*``), to be read against the shipped engine's rows of the same device
+run; ``device_run.sh`` is the whole device run in one call.
+
   python benchmarks/gpu_suite.py [--smoke] [--budget 420] [--tune 180] [--out DIR] [--no-steps]
+                                 [--cases REGEX] [--variant NAME]
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import devtime  # noqa: E402
 import pallas_device_check  # noqa: E402
 import pallas_tune  # noqa: E402
 import peers  # noqa: E402
+import variants  # noqa: E402
 
 BF16, F32 = jnp.bfloat16, jnp.float32
 SUITE = [  # (shape's name, norm, shape, dtype), in the order they run
@@ -63,11 +69,13 @@ SUITE = [  # (shape's name, norm, shape, dtype), in the order they run
   # issue 55's rows beside them: small, long and wide (4096 × 16384 float32 is Liger's)
   *(("rows 1024 × 1024", "layer", (1, 1024, 1024), dt) for dt in (BF16, F32)),
   *(("rows 32768 × 2048", "layer", (1, 32768, 2048), dt) for dt in (BF16, F32)),
+  ("rows 4096 × 12288", "layer", (1, 4096, 12288), BF16),  # (gpu.FUSED_ROW's two sides)
   ("rows 4096 × 16384", "layer", (1, 4096, 16384), BF16),
   ("tokamax 768 × 768 × 128", "layer", (768, 768, 128), BF16),
   ("ResNet-50 conv2, 256 × 56 × 56 × 64", "batch_train", (256, 56, 56, 64), BF16),
   ("ResNet-50 conv2, 256 × 56 × 56 × 64", "batch_eval", (256, 56, 56, 64), BF16),
   ("ResNet-50 conv4, 256 × 14 × 14 × 1024", "batch_train", (256, 14, 14, 1024), BF16),
+  ("ResNet-50 conv5, 256 × 7 × 7 × 2048", "batch_train", (256, 7, 7, 2048), BF16),
   ("ResNet-50 conv2, 256 × 56 × 56 × 64", "group", (256, 56, 56, 64), BF16),
   ("DiT/UNet map, 16 × 64 × 64 × 320", "group", (16, 64, 64, 320), BF16),
   ("DiT/UNet map, 16 × 64 × 64 × 320", "instance", (16, 64, 64, 320), BF16),
@@ -200,6 +208,7 @@ def markdown(meta, rows, steps, skipped):
   lines = [
     f"# Device-timed suite: {meta['device']}",
     "",
+    *([f"Variant {meta['variant']} (`variants.py`).", ""] if meta.get("variant") else []),
     f"jax {meta['jax']}, flax {meta['flax']}; timing: {meta['method']}; copy bandwidth "
     f"{meta['copy_gb_s']:.0f} GB/s (read + write, same method); L2 {meta['l2']}; "
     f"{meta['seconds']:.0f} s. `device µs`: kernels only (CUPTI) or per iteration of an "
@@ -248,9 +257,15 @@ def main(argv=None):
   ap.add_argument("--out", default=None, help="default: benchmarks/results/<device>/")
   ap.add_argument("--no-steps", action="store_true", help="skip the whole training steps")
   ap.add_argument("--iterations", type=int, default=None)
-  ap.add_argument("--cases", default=None, help="a regex over 'shape norm dtype'")
+  ap.add_argument("--cases", default=None, help="a regex over 'shape norm dtype 1x8x128'")
+  ap.add_argument("--variant", default=None, choices=sorted(variants.VARIANTS),
+                  help="time an engine alternative (variants.py) on its cases alone")  # fmt: skip
   ap.add_argument("--tune", type=float, default=180.0, help="seconds for pallas_tune.py")
   args = ap.parse_args(argv)
+  variant = variants.VARIANTS[args.variant] if args.variant else None
+  if variant:  # (before anything is traced; the Pallas check, tuner and steps are the
+    variant.apply(setattr)  # shipped run's)
+    args.cases, args.no_steps, args.tune = args.cases or variant.cases, True, 0
   start = time.perf_counter()
   device = jax.devices()[0]
   suite = SMOKE if args.smoke else SUITE
@@ -263,12 +278,12 @@ def main(argv=None):
   os.makedirs(out, exist_ok=True)
   excluded_before = len(bench_norms.EXCLUDED)  # (this run's exclusions: those after it)
   checked = None  # (the Pallas kernels' outputs against float64 first: on a CPU, the smoke's)
-  if args.smoke or device.platform != "cpu":
+  if (args.smoke or device.platform != "cpu") and not variant:
     checked = pallas_device_check.main((["--smoke"] if args.smoke else []) + ["--out", out])
   rows, skipped = [], []
   for label, kind, shape, dtype in suite:
     name = f"{label} {kind} {jnp.dtype(dtype).name}"
-    if args.cases and not re.search(args.cases, name):
+    if args.cases and not re.search(args.cases, f"{name} {'x'.join(map(str, shape))}"):
       continue
     if time.perf_counter() - start > args.budget:
       skipped.append(name)
@@ -280,6 +295,8 @@ def main(argv=None):
     best = {r["pass_"]: r["to_flax"] for r in case if r["impl"] == "jaxnorm"}
     print(f"{name}: jaxnorm/Flax {best}", flush=True)
   import flax
+
+  stem = f"gpu_suite_{args.variant}" if args.variant else "gpu_suite"
 
   def write(steps):
     meta = dict(
@@ -294,10 +311,11 @@ def main(argv=None):
       seconds=time.perf_counter() - start,
       excluded=bench_norms.EXCLUDED[excluded_before:],
       pallas_check_ok=checked,
+      variant=args.variant and f"{args.variant}: {variant.doc}",
     )
-    with open(os.path.join(out, "gpu_suite.json"), "w") as f:
+    with open(os.path.join(out, f"{stem}.json"), "w") as f:
       json.dump(dict(meta=meta, rows=rows, steps=steps, skipped=skipped), f, indent=1)
-    with open(os.path.join(out, "gpu_suite.md"), "w") as f:
+    with open(os.path.join(out, f"{stem}.md"), "w") as f:
       f.write(markdown(meta, rows, steps, skipped))
     return meta
 
@@ -308,7 +326,7 @@ def main(argv=None):
     )
   steps = [] if args.no_steps or args.smoke else measure_steps(n)
   meta = write(steps)
-  print(f"wrote {out}/gpu_suite.json and gpu_suite.md in {meta['seconds']:.0f} s", flush=True)
+  print(f"wrote {out}/{stem}.json and {stem}.md in {meta['seconds']:.0f} s", flush=True)
   return meta, rows
 
 

@@ -3,6 +3,8 @@
 
 import json
 
+import numpy as np
+
 from benchmarks import gpu_suite
 
 
@@ -141,3 +143,53 @@ def test_a_subset_of_bench_norms_never_overwrites_the_full_tables():
   )
   with pytest.raises(SystemExit, match="matches no case; the cases are: .*layer/tfm768"):
     bench_norms.main(["--quick", "--only", "no-such-norm"])
+
+
+def test_each_variant_changes_the_gpu_program_of_the_cases_it_names(monkeypatch):
+  """``gpu_suite.py --variant`` times an engine alternative in the device run's process:
+  each one changes the program traced for GPUs of a norm its cases regex names (a variant
+  that patched nothing would time the shipped engine twice) and names at least one of the
+  suite's cases."""
+  import re
+
+  import jax
+  import numpy as np
+
+  import jaxnorm
+  from benchmarks import variants
+  from tests.devices import tracing_for
+
+  forms = {
+    "batch_train": (lambda x: jaxnorm.batch_norm(x)[0], (4, 48, 48, 8)),
+    "layer": (jaxnorm.layer_norm, (2, 12288)),
+  }
+
+  def jaxpr(kind):
+    fn, shape = forms[kind]
+    jax.clear_caches()  # (the engine's inner jit keeps what it traced)
+    with tracing_for("gpu"):
+      return str(jax.make_jaxpr(fn)(np.ones(shape, np.float32)))
+
+  for name, variant in variants.VARIANTS.items():
+    named = [c for c in gpu_suite.SUITE if re.search(variant.cases, _case_text(c))]
+    assert named, name
+    kind = named[0][1]
+    shipped = jaxpr(kind)
+    with monkeypatch.context() as patch:
+      variant.apply(patch.setattr)
+      assert jaxpr(kind) != shipped, name
+    assert jaxpr(kind) == shipped  # (undone)
+
+
+def _case_text(case):
+  label, kind, shape, dtype = case
+  return f"{label} {kind} {np.dtype(dtype).name} {'x'.join(map(str, shape))}"
+
+
+def test_a_variant_run_writes_its_own_files(tmp_path):
+  """A variant's rows go beside the shipped run's, in files named after it, labelled."""
+  gpu_suite.main(["--smoke", "--variant", "global-shifts", "--out", str(tmp_path)])
+  saved = json.loads((tmp_path / "gpu_suite_global-shifts.json").read_text())
+  assert saved["meta"]["variant"].startswith("global-shifts: ")
+  assert not (tmp_path / "gpu_suite.json").exists()
+  assert "Variant global-shifts" in (tmp_path / "gpu_suite_global-shifts.md").read_text()

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The device run in one call of the device tool, within its 10 minutes (RESULTS items 71, 72):
+# the suite (Pallas check, cases, layout tuner, whole steps), each engine variant
+# (variants.py) on its cases, and tests/test_pallas.py on the device (one process: several
+# each preallocate 75 % of the GPU). Everything lands in one archive, since the tool brings
+# back at most 8 files:
+#
+#   bash benchmarks/device_run.sh "$OUT"      # then: tar xzf device_run.tgz -C results/<device>/
+set -uo pipefail
+out=${1:?usage: device_run.sh OUT_FOLDER}
+work=$(mktemp -d)
+trap 'tar czf "$out/device_run.tgz" -C "$work" . && cp "$work"/gpu_suite.md "$out"/ 2>/dev/null' EXIT
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$work/device.txt"
+timeout 330 python3 benchmarks/gpu_suite.py --out "$work" --budget 200 --tune 60 2>&1 |
+  tee "$work/gpu_suite.log"
+for variant in global-shifts short-per-sample fused-rows-16384; do
+  timeout 70 python3 benchmarks/gpu_suite.py --variant "$variant" --out "$work" 2>&1 |
+    tee -a "$work/variants.log"
+done
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 90 python3 -m pytest -p no:cacheprovider -q -n 0 \
+  tests/test_pallas.py 2>&1 | tail -5 | tee "$work/test_pallas.log"
