@@ -11,7 +11,6 @@ engine's rows of the same run (``benchmarks/RESULTS.md``, items 71 and 72).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -26,17 +25,11 @@ class Variant(NamedTuple):
   apply: Callable[[Callable[[Any, str, Any], None]], None]
 
 
-def _batch_shifts(per_sample: Callable[[Any, tuple[int, ...]], bool]):
+def _per_sample_batch(limit: int):
   def apply(set_attr):
     from jaxnorm._engine import router  # noqa: PLC0415 (patched when a run asks)
 
-    two_shifts, on_mesh = router.two_shifts, router.on_mesh
-
-    def shifts(raw, axes, dtype, per_outer=False):
-      keep = on_mesh(raw) or (per_outer and per_sample(raw, axes))
-      return two_shifts(raw, axes, dtype, per_outer=keep)
-
-    set_attr(router, "two_shifts", shifts)
+    set_attr(router, "PER_SAMPLE_BATCH", limit)
 
   return apply
 
@@ -54,15 +47,15 @@ BATCH_TRAIN = r"batch_train"
 VARIANTS = {
   "global-shifts": Variant(
     "XLA:GPU's BatchNorm statistics with one pair of shifts for the whole batch (before "
-    "item 70; the shipped engine shifts each sample)",
+    "item 70; the shipped engine shifts each sample in batches of up to 64)",
     BATCH_TRAIN,
-    _batch_shifts(lambda raw, axes: False),
+    _per_sample_batch(0),
   ),
-  "short-per-sample": Variant(
-    "each sample shifted only where the statistics reduce at most 4,096 elements (item "
-    "70's hybrid)",
+  "all-per-sample": Variant(
+    "XLA:GPU's BatchNorm statistics shifted per sample in batches of any size (item 70; "
+    "the shipped engine stops at 64, item 73)",
     BATCH_TRAIN,
-    _batch_shifts(lambda raw, axes: math.prod(raw.shape[a] for a in axes) <= 4096),
+    _per_sample_batch(1 << 62),
   ),
   "fused-rows-16384": Variant(
     "XLA:GPU's one-kernel LayerNorm forward up to 16,384 elements a row (item 72 stops at 8,192)",

@@ -45,8 +45,8 @@ ROUTES = [
   ("batch", "tpu", False, False, True, {"merged"}),
   ("layer", "tpu", False, False, False, {"merged"}),
   ("layer", "tpu", False, False, True, {"merged"}),
-  # GPUs: column sums shifted by two elements (over the batch per sample, the samples
-  # merged: RESULTS item 70); rows in two passes forward (one kernel), merged under
+  # GPUs: column sums shifted by two elements (over batches of up to 64 per sample, the
+  # samples merged: RESULTS items 70, 73); rows in two passes forward (one kernel), merged under
   # differentiation; on a mesh the columns merged over the first axis.
   ("batch", "gpu", False, False, False, {"merged"}),
   ("batch", "gpu", False, False, True, {"merged"}),

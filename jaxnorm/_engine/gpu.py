@@ -24,11 +24,7 @@ def two_shifts(raw, axes, dtype, per_outer=False):
   one pair of shifts per index of the first reduced axis, the sums over the others,
   merged over it: where GSPMD shards that axis the shifts stay on their shard, and one
   gather combines the shards (two broadcasts and 4 all-reduces for a BatchNorm over 4
-  GPUs otherwise). Over the batch also off a mesh: a step jitted with ``in_shardings``
-  on host arrays traces no mesh, and GSPMD may still split the batch (3 all-reduces and
-  a collective-permute forward against Flax's 1 otherwise), and XLA:GPU writes the
-  global shifts' ``x − a`` out on small maps (11|x| against Flax's 3 forward at
-  64 × 7 × 7 × 2048 bfloat16, 3.62 per index of the batch; RESULTS item 70)."""
+  GPUs otherwise). Over batches of up to :data:`PER_SAMPLE_BATCH` also off a mesh."""
   inner = axes[1:] if per_outer and len(axes) > 1 else axes
   ab = tuple(s.astype(dtype) for s in shifts(raw, inner))
   parts = shifted_parts(raw.astype(dtype), inner, None, ab)
@@ -41,6 +37,16 @@ def two_shifts(raw, axes, dtype, per_outer=False):
 # kernel (7 kernels and 4.04|x| forward against Flax's 5 and 3.04). Longer rows take the
 # merged sums, Flax's kernels (RESULTS item 72).
 FUSED_ROW = 8192
+
+# The largest batch whose column statistics shift each sample off a mesh. Smaller batches
+# need it: XLA:GPU writes one global pair's ``x − a`` out on small maps (11|x| against
+# Flax's 3 forward at 64 × 7 × 7 × 2048 bfloat16), and a step jitted with ``in_shardings``
+# on host arrays traces no mesh yet GSPMD splits the batch (3 all-reduces and a permute
+# against Flax's 1). Larger ones lose by it: on an H200, BatchNorm training forward
+# (bfloat16) per sample / one pair, against Flax's time: 0.53 / 0.89 at 8 × 14 × 14 × 512,
+# 1.46 / 2.25 at 64 × 7 × 7 × 2048, but 1.58 / 1.05 at 128 × 7 × 7 × 2048, 1.81 / 1.08 at
+# 256 and 1.24 / 1.02 at 256 × 14 × 14 × 1024 (RESULTS items 70, 73).
+PER_SAMPLE_BATCH = 64
 
 
 def row_moments(raw, axes, groups, dtype):

@@ -31,7 +31,7 @@ GPUs                           Flax's program; rows of up to 8,192 elements: two
                                forward (gpu: row_moments, one kernel with the norm), the
                                merged sums differentiated and for longer rows;
                                columns: sums shifted by two elements (gpu: two_shifts),
-                               over the batch per index of it, merged over it
+                               over batches of up to 64 per index of it, merged over it
 ``implementation="pallas"``    the Pallas row kernels (pallas_rows: normalize_rows), each
                                platform's traced, the lowering keeping its own (pallas)
 =============================  ==============================================================
@@ -58,7 +58,7 @@ from jaxnorm._dtypes import count_dtype, promote, real_dtype, reduction_dtype
 from jaxnorm._engine import accelerators, kernel
 from jaxnorm._engine.collectives import device_parts
 from jaxnorm._engine.cpu import by_method
-from jaxnorm._engine.gpu import FUSED_ROW, row_moments, two_shifts
+from jaxnorm._engine.gpu import FUSED_ROW, PER_SAMPLE_BATCH, row_moments, two_shifts
 from jaxnorm._engine.inputs import broadcast_mask, check_epsilon, shaped_params
 from jaxnorm._engine.maths import (
   Moments,
@@ -258,12 +258,13 @@ def _differentiated(raw, axes, groups, dtype):
   """The statistics under differentiation: the merged sums, except XLA:GPU's column
   reductions (reduced axes short of the last), whose variadic form it writes out (14|x|
   against Flax's 3): plain sums shifted by elements there (3|x|, RESULTS item 47), per
-  index of the batch where they reduce over it (RESULTS item 70)."""
+  index of the batch where they reduce over a batch of up to ``gpu.PER_SAMPLE_BATCH``
+  (RESULTS items 70, 73)."""
   merged = functools.partial(merged_sums, axes=axes, dtype=dtype, known=groups is not None)
   if raw.ndim - 1 in axes or set(sharded_axes(raw)) & set(axes):
     parts = merged(raw)  # (explicit sharding cannot slice one element of a sharded axis)
   else:
-    per_outer = on_mesh(raw) or axes[:1] == (0,)
+    per_outer = on_mesh(raw) or (axes[:1] == (0,) and raw.shape[0] <= PER_SAMPLE_BATCH)
     gpu = functools.partial(two_shifts, axes=axes, dtype=dtype, per_outer=per_outer)
     parts = switch(raw, like=raw, gpu=gpu, default=merged)
   return moments_of(parts, groups)
