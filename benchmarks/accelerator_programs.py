@@ -5,7 +5,7 @@ Every norm's forward and forward+backward, compiled for a TPU generation (libtpu
 counted: kernels (top-level operations other than bookkeeping: parameters, tuples,
 bitcasts, constants and the asynchronous parameter copies every program has alike) and
 bytes over |x| (XLA's ``cost_analysis`` on TPUs; on GPUs, whose cost analysis needs a
-device, :func:`gpu_programs.kernels_and_bytes`). Columns: jaxnorm / Flax's default
+device, :func:`hlo.kernels_and_bytes`). Columns: jaxnorm / Flax's default
 (``E[x²] − E[x]²``) / Flax's ``use_fast_variance=False`` (two passes); ``*`` marks a
 jaxnorm program with more kernels or bytes than Flax's default, ``**`` one with more than
 Flax's two-pass program too.
@@ -44,14 +44,10 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_norms  # noqa: E402
+import hlo  # noqa: E402
 
 import jaxnorm  # noqa: E402
 
-BOOKKEEPING = {
-  "parameter", "tuple", "get-tuple-element", "bitcast", "constant", "after-all",
-  "partition-id", "replica-id", "copy-start", "copy-done",
-}  # fmt: skip
-COLLECTIVES = ("all-reduce", "all-gather", "collective-permute", "all-to-all", "reduce-scatter")
 ROWS = [(16, 512, 768), (4, 1024, 4096), (2, 1024, 8192), (8192, 768), (4096, 4096)]
 CASES = [  # (norm, shape): issue 43's shapes users train with
   *((k, s) for s in ROWS for k in ("layer", "rms")),
@@ -84,29 +80,15 @@ def gpu_mesh() -> Mesh:
   return topologies.make_mesh(topology, (1,), ("d",))
 
 
-def kernels(hlo: str) -> int:
-  """Top-level operations of the entry computation other than bookkeeping."""
-  entry = hlo[hlo.index("\nENTRY") :]
-  entry = entry[: entry.index("\n}")]
-  ops = re.findall(r"^\s*(?:ROOT )?%\S+ = (?:\([^=]*?\)|\S+) ([a-z\-]+)\(", entry, re.M)
-  return sum(op not in BOOKKEEPING for op in ops)
-
-
-def collectives(hlo: str) -> dict[str, int]:
-  return {op: len(re.findall(rf" {op}(?:-start)?\(", hlo)) for op in COLLECTIVES}
-
-
 def measure(compiled, nbytes: int, platform: str) -> tuple[int, float]:
   """Kernels and bytes over |x| of a compiled program."""
-  hlo = compiled.as_text()
+  text = compiled.as_text()
   if platform == "gpu":
-    import gpu_programs  # noqa: PLC0415
-
-    count, moved = gpu_programs.kernels_and_bytes(hlo)
+    count, moved = hlo.kernels_and_bytes(text)
     return count, moved / nbytes
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
-  return kernels(hlo), cost["bytes accessed"] / nbytes
+  return hlo.kernels(text), cost["bytes accessed"] / nbytes
 
 
 def programs(kind, shape, dtype, sharding):
@@ -281,7 +263,7 @@ def sharded(mesh2: Mesh, platform: str = "tpu"):
     cells, costs, gathers = [], [], 0
     for pass_ in ("forward", "fwd+bwd"):
       counts = [
-        sum(collectives(progs[(lib, pass_)].as_text()).values()) for lib in ("jaxnorm", "flax")
+        sum(hlo.count(progs[(lib, pass_)].as_text()).values()) for lib in ("jaxnorm", "flax")
       ]
       flag = " **" if counts[0] > counts[1] else ""
       cells.append(f"{counts[0]} / {counts[1]}{flag}")

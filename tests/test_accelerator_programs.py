@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxnorm
 from benchmarks import accelerator_programs as programs
+from benchmarks import hlo
 from tests import reference as ref
 from tests.devices import h100_mesh, tpu_devices
 
@@ -439,7 +440,7 @@ def test_tpu_sharded_programs_compile_ahead_of_time(name, make, shape, spec):
     )
     step, _ = _step(module, np.zeros(shape, np.float32))
     compiled = jax.jit(step).lower(params, x).compile()
-    counts[lib.__name__] = sum(programs.collectives(compiled.as_text()).values())
+    counts[lib.__name__] = sum(hlo.count(compiled.as_text()).values())
     if lib is jaxnorm:
       size = ",".join(map(str, shape))
       assert not re.search(rf"f32\[{size}\]\S* all-gather", compiled.as_text())
@@ -513,8 +514,8 @@ def test_h100_programs_cost_what_flax_costs(kind, shape, dtype):
 
   compiled, nbytes = gpu_programs._programs(kind, shape, dtype, h100_mesh())
   for program in ("forward", "fwd+bwd"):
-    k, b = gpu_programs.kernels_and_bytes(compiled[("jaxnorm", program)].as_text())
-    kf, bf = gpu_programs.kernels_and_bytes(compiled[("flax", program)].as_text())
+    k, b = hlo.kernels_and_bytes(compiled[("jaxnorm", program)].as_text())
+    kf, bf = hlo.kernels_and_bytes(compiled[("flax", program)].as_text())
     assert b <= 1.005 * bf, (program, b / nbytes, bf / nbytes)
     if program == "fwd+bwd":
       assert k <= kf + H100_EXTRA_KERNELS.get((kind, shape[-1], dtype), 0), (program, k, kf)
@@ -530,7 +531,7 @@ def test_h100_row_norm_forward_is_one_kernel(kind, dtype):
   import gpu_programs  # noqa: PLC0415 (benchmarks/ is on the path: accelerator_programs)
 
   compiled, nbytes = gpu_programs._programs(kind, (16, 512, 768), dtype, h100_mesh())
-  k, b = gpu_programs.kernels_and_bytes(compiled[("jaxnorm", "forward")].as_text())
+  k, b = hlo.kernels_and_bytes(compiled[("jaxnorm", "forward")].as_text())
   assert (k, round(b / nbytes, 2)) == (1, 2.0)
 
 
@@ -545,8 +546,8 @@ def test_h100_long_rows_take_flaxs_kernels(dtype, width):
   import gpu_programs  # noqa: PLC0415 (benchmarks/ is on the path: accelerator_programs)
 
   compiled, nbytes = gpu_programs._programs("layer", (1, 256, width), dtype, h100_mesh())
-  k, b = gpu_programs.kernels_and_bytes(compiled[("jaxnorm", "forward")].as_text())
-  kf, bf = gpu_programs.kernels_and_bytes(compiled[("flax", "forward")].as_text())
+  k, b = hlo.kernels_and_bytes(compiled[("jaxnorm", "forward")].as_text())
+  kf, bf = hlo.kernels_and_bytes(compiled[("flax", "forward")].as_text())
   assert 1 < k <= kf and b <= 1.02 * bf, (k, kf, b / nbytes, bf / nbytes)
 
 
@@ -561,8 +562,8 @@ def test_h100_batch_norm_on_a_small_map_costs_flaxs_bytes(dtype):
 
   compiled, _ = gpu_programs._programs("batch_train", (8, 14, 14, 512), dtype, h100_mesh())
   for program, bound in (("forward", 1.03), ("fwd+bwd", 1.01)):
-    _, b = gpu_programs.kernels_and_bytes(compiled[("jaxnorm", program)].as_text())
-    _, bf = gpu_programs.kernels_and_bytes(compiled[("flax", program)].as_text())
+    _, b = hlo.kernels_and_bytes(compiled[("jaxnorm", program)].as_text())
+    _, bf = hlo.kernels_and_bytes(compiled[("flax", program)].as_text())
     assert b <= bound * bf, (program, b / bf)
 
 
@@ -576,8 +577,8 @@ def test_h100_batch_norm_on_a_large_batch_shifts_the_whole_batch(shape):
   import gpu_programs  # noqa: PLC0415 (benchmarks/ is on the path: accelerator_programs)
 
   compiled, _ = gpu_programs._programs("batch_train", shape, "bfloat16", h100_mesh())
-  _, b = gpu_programs.kernels_and_bytes(compiled[("jaxnorm", "forward")].as_text())
-  _, bf = gpu_programs.kernels_and_bytes(compiled[("flax", "forward")].as_text())
+  _, b = hlo.kernels_and_bytes(compiled[("jaxnorm", "forward")].as_text())
+  _, bf = hlo.kernels_and_bytes(compiled[("flax", "forward")].as_text())
   assert b <= 1.01 * bf, b / bf
 
 
@@ -615,7 +616,7 @@ def test_h100s_batch_norm_jitted_with_in_shardings_on_host_arrays(monkeypatch):
     for name, fn in (("forward", forward), ("step", jax.value_and_grad(loss))):
       jitted = jax.jit(fn, in_shardings=(replicated, NamedSharding(mesh, P("data"))))
       text = jitted.trace(params, x).lower().compile().as_text()
-      counts[lib.__name__, name] = programs.collectives(text)
+      counts[lib.__name__, name] = hlo.count(text)
   jax.clear_caches()
   ours, flax = (
     {name: counts[lib, name] for name in ("forward", "step")} for lib in ("jaxnorm", "flax.linen")

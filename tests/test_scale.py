@@ -14,10 +14,11 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxnorm
+from benchmarks import hlo
 from tests.devices import tracing_for
 
 SEQ, CNN = (8, 16, 32), (8, 4, 4, 16)
-COLLECTIVES = ("all-reduce", "all-gather", "collective-permute", "all-to-all")
+COLLECTIVES = hlo.COLLECTIVES
 CASES = [  # (name, constructor per library, shape, layout)
   ("batch", lambda m: m.BatchNorm(use_running_average=False), CNN, P("data")),
   ("batch_eval", lambda m: m.BatchNorm(use_running_average=True), CNN, P("data")),
@@ -30,14 +31,10 @@ CASES = [  # (name, constructor per library, shape, layout)
 ]
 
 
-def _ops(hlo, ops):
-  return {op: len(re.findall(rf" {op}(?:-start)?\(", hlo)) for op in ops}
-
-
-def _bytes_moved(hlo):
+def _bytes_moved(text):
   """The bytes of every collective's result in a compiled program (float32/int32 only here)."""
   total = 0
-  for line in hlo.splitlines():
+  for line in text.splitlines():
     m = re.search(rf"= (.*?) (?:{'|'.join(COLLECTIVES)})(?:-start)?\(", line)
     if m:
       for dims in re.findall(r"\w+\[([\d,]*)\]", m.group(1)):
@@ -85,7 +82,7 @@ def test_no_more_collectives_than_flax_under_gspmd(name, make, shape, spec, mode
     xs = jax.device_put(x, NamedSharding(mesh, spec))
     ours, theirs = _programs(make(jaxnorm), xs), _programs(make(nn), xs)
   for program, a, b in zip(("forward", "forward+backward"), ours, theirs, strict=True):
-    got, flax = _ops(a, COLLECTIVES), _ops(b, COLLECTIVES)
+    got, flax = hlo.count(a, COLLECTIVES), hlo.count(b, COLLECTIVES)
     assert got["collective-permute"] == 0, (program, got)
     gathered = re.findall(r"= f32\[([\d,]*)\]\S* all-gather(?:-start)?\(", a)
     sizes = [int(np.prod([int(d) for d in g.split(",") if d])) for g in gathered]
@@ -136,7 +133,7 @@ def test_a_step_jitted_with_in_shardings_under_a_mesh_takes_flaxs_collectives(
     with jax.set_mesh(mesh) if context == "set_mesh" else _legacy(mesh):
       fn = jax.jit(step, in_shardings=(replicated, NamedSharding(mesh, spec)))
       text = fn.lower(variables["params"], x).compile().as_text()
-    counts.append(_ops(text, (*COLLECTIVES, "conditional")))
+    counts.append(hlo.count(text, (*COLLECTIVES, "conditional")))
   ours, flax = counts
   assert ours["conditional"] == 0 and sum(ours.values()) <= sum(flax.values()), (ours, flax)
 
@@ -176,8 +173,8 @@ def test_inference_programs_have_no_conditional(make):
   x = jnp.asarray(np.random.default_rng(0).normal(size=CNN).astype(np.float32))
   module = make()
   variables = module.init(jax.random.key(0), x)
-  hlo = jax.jit(module.apply).lower(variables, x).compile().as_text()
-  assert _ops(hlo, ("conditional",)) == {"conditional": 0}
+  text = jax.jit(module.apply).lower(variables, x).compile().as_text()
+  assert hlo.count(text, ("conditional",)) == {"conditional": 0}
 
 
 @pytest.mark.parametrize(
