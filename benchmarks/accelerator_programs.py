@@ -9,9 +9,10 @@ device, :func:`hlo.kernels_and_bytes`). Columns: jaxnorm / Flax's default
 (``E[x²] − E[x]²``) / Flax's ``use_fast_variance=False`` (two passes); ``*`` marks a
 jaxnorm program with more kernels or bytes than Flax's default, ``**`` one with more than
 Flax's two-pass program too.
-``--modern`` compiles the adaptive norms, DyT and Batch Renorm instead. ``--sharded``
-compiles the layouts of issue 43's point 2 on a 4-chip mesh instead and
-counts collectives and all-gathers of x.
+``--modern`` compiles the adaptive norms, DyT and Batch Renorm instead; ``--stacks`` the
+model stacks, with lower and compile times (``results/accelerators/tpu_v5e_stacks.md``);
+``--sharded`` the layouts of issue 43's point 2 on a 4-chip mesh, counting collectives and
+all-gathers of x.
 
   pip install "jax[tpu]==<jax's version>"            # libtpu, no TPU needed
   R=benchmarks/results/accelerators
@@ -32,6 +33,7 @@ import math
 import os
 import re
 import sys
+import time
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # (several runs at once share libtpu)
 
@@ -283,12 +285,57 @@ def sharded(mesh2: Mesh, platform: str = "tpu"):
     )  # fmt: skip
 
 
+def stacks(mesh: Mesh, platform: str, repeats: int = 7):
+  """The model stacks' table (:mod:`bench_scale`'s UNet, ResNet stage, Transformer and
+  ResNet-50; inference and training step): jaxnorm against Flax, fusions, kernels
+  (:func:`hlo.kernels_and_bytes` on GPUs, :func:`hlo.kernels` on TPUs), jaxnorm's
+  conditionals and the medians of interleaved lower and compile times (caches cleared:
+  what a new shape costs), issue 53's point 2."""
+  import bench_scale  # noqa: PLC0415 (only for --stacks)
+
+  count = (lambda t: hlo.kernels_and_bytes(t)[0]) if platform == "gpu" else hlo.kernels
+  rep = NamedSharding(mesh, P())
+
+  def abstract(tree):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), tree)
+
+  print("| model | program | fusions | kernels | conditionals | lower s | compile s | ratio |")
+  print("|---|---|---|---|---|---|---|---|")
+  for name, cls, shape in bench_scale.MODELS:
+    libs = {"jaxnorm": jaxnorm, "flax": nn}
+    progs = {k: bench_scale._programs(cls, lib, shape) for k, lib in libs.items()}
+    for program in ("inference", "training"):
+      times: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in libs}
+      texts = {}
+      for i in range(repeats):
+        for k in list(libs)[:: 1 if i % 2 == 0 else -1]:
+          f, v, x = progs[k][program]
+          jax.clear_caches()
+          start = time.perf_counter()
+          lowered = jax.jit(f).lower(abstract(v), abstract(x))
+          mid = time.perf_counter()
+          texts[k] = lowered.compile().as_text()
+          times[k][0].append(mid - start)
+          times[k][1].append(time.perf_counter() - mid)
+      low, comp = ({k: float(np.median(times[k][j])) for k in libs} for j in (0, 1))
+      fusions = {k: len(re.findall(r"\sfusion\(", t)) for k, t in texts.items()}
+      kernels = {k: count(t) for k, t in texts.items()}
+      ratio = (low["jaxnorm"] + comp["jaxnorm"]) / (low["flax"] + comp["flax"])
+      cells = (
+        [f"{d['jaxnorm']} / {d['flax']}" for d in (fusions, kernels)]
+        + [str(texts["jaxnorm"].count(" conditional("))]
+        + [f"{d['jaxnorm']:.3f} / {d['flax']:.3f}" for d in (low, comp)]
+      )
+      print(f"| {name} | {program} | " + " | ".join(cells) + f" | {ratio:.2f} |", flush=True)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--platform", choices=("tpu", "gpu"), default="tpu")
   parser.add_argument("--topology", default="v5e:2x2")
   parser.add_argument("--sharded", action="store_true")
   parser.add_argument("--modern", action="store_true")
+  parser.add_argument("--stacks", action="store_true")
   args = parser.parse_args()
   versions = f"jax {jax.__version__}, flax {__import__('flax').__version__}"
   if args.sharded:
@@ -307,6 +354,11 @@ def main():
     print(f"# Collectives on a 4-chip {where}, jaxnorm / Flax ({versions})\n")
     return sharded(mesh2, args.platform)
   mesh = tpu_mesh(args.topology) if args.platform == "tpu" else gpu_mesh()
+  if args.stacks:
+    print(f"# {mesh.devices.flat[0].device_kind}: model stacks, jaxnorm / Flax ({versions})\n")
+    print("Fusions (every fusion instruction), kernels, jaxnorm's conditionals, medians of")
+    print("interleaved lower and compile times (s, caches cleared), ratio of their sums.\n")
+    return stacks(mesh, args.platform)
   if args.modern:
     print(f"# {mesh.devices.flat[0].device_kind}: modern norms ({versions})\n")
     print("jaxnorm / Flax's norm, then the modulation / the hand-written two-pass form; DyT")

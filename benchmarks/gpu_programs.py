@@ -33,9 +33,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-import re
 import sys
-import time
 
 import flax.linen as nn
 import jax
@@ -147,43 +145,6 @@ def modern(mesh):
         print(f"| {kind} | {shape_text} | {dtype} | " + " | ".join(cells) + " |", flush=True)
 
 
-def stacks(mesh, repeats=7):
-  """The model stacks' table: jaxnorm against Flax, per model and program."""
-  import bench_scale  # noqa: PLC0415 (only for --stacks)
-
-  def abstract(tree):
-    return _abstract(tree, mesh)
-
-  print("| model | program | fusions | kernels | conditionals | lower s | compile s | ratio |")
-  print("|---|---|---|---|---|---|---|---|")
-  for name, cls, shape in bench_scale.MODELS:
-    libs = {"jaxnorm": jaxnorm, "flax": nn}
-    progs = {k: bench_scale._programs(cls, lib, shape) for k, lib in libs.items()}
-    for program in ("inference", "training"):
-      times: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in libs}
-      texts = {}
-      for i in range(repeats):
-        for k in list(libs)[:: 1 if i % 2 == 0 else -1]:
-          f, v, x = progs[k][program]
-          jax.clear_caches()  # (what a new shape costs: trace, lower and compile)
-          start = time.perf_counter()
-          lowered = jax.jit(f).lower(abstract(v), abstract(x))
-          mid = time.perf_counter()
-          texts[k] = lowered.compile().as_text()
-          times[k][0].append(mid - start)
-          times[k][1].append(time.perf_counter() - mid)
-      low, comp = ({k: float(np.median(times[k][j])) for k in libs} for j in (0, 1))
-      fusions = {k: len(re.findall(r"\sfusion\(", t)) for k, t in texts.items()}
-      kernels = {k: kernels_and_bytes(t)[0] for k, t in texts.items()}
-      ratio = (low["jaxnorm"] + comp["jaxnorm"]) / (low["flax"] + comp["flax"])
-      cells = (
-        [f"{d['jaxnorm']} / {d['flax']}" for d in (fusions, kernels)]
-        + [str(texts["jaxnorm"].count(" conditional("))]
-        + [f"{d['jaxnorm']:.3f} / {d['flax']:.3f}" for d in (low, comp)]
-      )
-      print(f"| {name} | {program} | " + " | ".join(cells) + f" | {ratio:.2f} |", flush=True)
-
-
 # The Pallas row kernels against XLA (issue 55): the suite's training shapes and the
 # issue's (1024 × 1024, 32768 × 2048, 4096 × 16384).
 PALLAS_CASES = [
@@ -262,7 +223,9 @@ def main():
     print("bench_scale.py's model stacks, jaxnorm / Flax: fusions (every fusion instruction),")
     print("kernels (as below), conditionals (jaxnorm's), medians of interleaved lower and")
     print("compile times (s, caches cleared: what a new shape costs), ratio of their sums.\n")
-    return stacks(mesh)
+    import accelerator_programs  # noqa: PLC0415 (the stacks are platform-generic)
+
+    return accelerator_programs.stacks(mesh, "gpu")
   print(f"jax {jax.__version__}. Kernels: top-level launches (fusions, custom calls, copies,")
   print("reductions); bytes: every kernel's operands and results over |x|. jaxnorm / Flax.\n")
   print(

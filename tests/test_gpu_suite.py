@@ -186,8 +186,12 @@ def _case_text(case):
   return f"{label} {kind} {np.dtype(dtype).name} {'x'.join(map(str, shape))}"
 
 
-def test_a_variant_run_writes_its_own_files(tmp_path):
+def test_a_variant_run_writes_its_own_files(tmp_path, monkeypatch):
   """A variant's rows go beside the shipped run's, in files named after it, labelled."""
+  from jaxnorm._engine import router
+
+  # (the run patches its whole process, as a device run should: restored after this test)
+  monkeypatch.setattr(router, "PER_SAMPLE_BATCH", router.PER_SAMPLE_BATCH)
   gpu_suite.main(["--smoke", "--variant", "global-shifts", "--out", str(tmp_path)])
   saved = json.loads((tmp_path / "gpu_suite_global-shifts.json").read_text())
   assert saved["meta"]["variant"].startswith("global-shifts: ")
