@@ -273,10 +273,7 @@ def test_conditional_batch_norm_updates_shared_statistics():
   np.testing.assert_allclose(y2, y, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-  "name", ["dyt", "l2_normalize", "lrn", "modulate", "adaptive_layer_norm_masked",
-           "adaptive_rms_norm", "adaptive_instance_norm", "conditional_batch_norm"]
-)  # fmt: skip
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_strict_promotion_gives_the_standard_result(name):
   """bfloat16 x with float32 parameters under ``jax_numpy_dtype_promotion="strict"``:
   forward and gradient bit for bit the standard mode's (no TypePromotionError)."""
