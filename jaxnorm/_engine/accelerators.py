@@ -20,7 +20,7 @@ from jax import lax
 
 from jaxnorm._config import Config
 from jaxnorm._dtypes import count_dtype, promote, real_dtype
-from jaxnorm._engine.maths import Moments, elements_per_group, group_sum
+from jaxnorm._engine.maths import Moments, affine, elements_per_group, group_sum
 from jaxnorm._engine.platform import switch
 from jaxnorm._engine.sharding import sharded_axes
 
@@ -65,18 +65,21 @@ def affine_normalize(
   # (not RMSNorm's on XLA:GPU: the guard split it in three kernels, RESULTS item 41)
   guarded = guard(var) if cfg.center else switch(var, like=x, tpu=guard, default=lambda v: v)
   r = lax.rsqrt(guarded + epsilon.astype(acc)).astype(cfg.dtype)
-  y = (xs - mean.astype(cfg.dtype)) if cfg.center else xs
-  if scale is None:
-    y = y * r
-  elif jnp.broadcast_shapes(r.shape, scale.shape) == x.shape and (
-    cfg.center or jnp.size(scale) > math.prod(x.shape[a] for a in cfg.features) or sharded_axes(x)
-  ):  # (per-row r, per-feature or per-sample γ: r·γ is x's size, read again, and under
-    # explicit sharding replicated, its transpose gathering x; RMSNorm's per-feature γ
-    y = y * r * scale  # excepted: x·r·γ 11|x| against 10 on XLA:GPU)
-  else:  # (r·γ first, as Flax: the derivative's reductions share one shape; a separate ·γ
-    y = y * (r * scale)  # made XLA:GPU write x̂ out: 16|x| against 11, bfloat16 InstanceNorm)
-  if bias is not None:
-    y = y + bias
+  # (x − μ)·r·γ where r·γ is x's size (per-row r, per-feature or per-sample γ), read again
+  # and under explicit sharding replicated, its transpose gathering x; RMSNorm's
+  # per-feature γ excepted: x·r·γ 11|x| against 10 on XLA:GPU. Else r·γ first, as Flax: the
+  # derivative's reductions share one shape; a separate ·γ made XLA:GPU write x̂ out (16|x|
+  # against 11, bfloat16 InstanceNorm).
+  per_element = (
+    scale is not None
+    and jnp.broadcast_shapes(r.shape, scale.shape) == x.shape
+    and (
+      cfg.center
+      or jnp.size(scale) > math.prod(x.shape[a] for a in cfg.features)
+      or bool(sharded_axes(x))
+    )
+  )
+  y = affine((xs - mean.astype(cfg.dtype)) if cfg.center else xs, r, scale, bias, per_element)
   kept = tuple(1 if a in cfg.axes else d for a, d in enumerate(x.shape))
   mean_out = jnp.broadcast_to(mean, kept)
   count = jnp.full(kept, n, count_dtype(acc))

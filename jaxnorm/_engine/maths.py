@@ -10,6 +10,7 @@ channel groups alike. Every algorithm here is exact for any offset of the data:
 - :func:`two_pass`: the mean, then ``Σ|x − μ|²`` (masks, complex data, channel groups).
 
 Derivatives: :func:`textbook_jvp`, the rule ``μ̇ = mean(ẋ)``, ``σ̇² = 2·(mean(x·ẋ) − μ·μ̇)``.
+The output: :func:`affine`, ``(x − μ)·r·γ + β``, the one affine map of every XLA path.
 """
 
 from __future__ import annotations
@@ -253,3 +254,19 @@ def inverse_std(var: jax.Array, epsilon: Any, epsilon_in_root: bool = True) -> j
   if epsilon_in_root:
     return lax.rsqrt(var + epsilon)
   return 1.0 / (jnp.sqrt(var) + epsilon)
+
+
+def affine(centred: jax.Array, r: jax.Array, scale: Any, bias: Any, per_element: bool) -> Any:
+  """The one affine map, ``(x − μ)·r·γ + β`` from ``centred = x − μ`` (or x), every XLA
+  path's: the closed-form kernel, Flax's program and inference (``s`` as ``r``, no
+  ``γ``). ``per_element``: ``(x − μ)·r·γ``, where ``r·γ`` would be x's size (per-row
+  ``r``, per-feature ``γ``); else ``(x − μ)·(r·γ)``, the small factor first. Which order
+  costs less differs by backend and norm, so the callers choose (``benchmarks/RESULTS.md``,
+  items 8, 31 and 41; the Pallas kernels form it in their own bodies)."""
+  if scale is None:
+    y = centred * r
+  elif per_element:
+    y = centred * r * scale
+  else:
+    y = centred * (r * scale)
+  return y if bias is None else y + bias
