@@ -3,6 +3,7 @@ explicit sharding, 8 virtual CPU devices): collectives in the compiled forward a
 forward+backward against Flax's in the same test, and conditionals in compiled inference
 programs."""
 
+import contextlib
 import re
 
 import flax.linen as nn
@@ -204,3 +205,46 @@ def test_accelerator_programs_have_no_conditional(make):
   assert conditionals("cpu", "cpu") == 1
   assert conditionals("gpu", "cuda") == conditionals("gpu", "rocm") == 0
   assert conditionals("tpu", "tpu") == 0
+
+
+@pytest.mark.parametrize("mode", ["device_put", "set_mesh", "in_shardings"])
+@pytest.mark.parametrize("name", ["batch", "layer", "group"])
+def test_nnx_jit_takes_flaxs_collectives(name, mode):
+  """``nnx.jit`` (issue 53, point 3) of jaxnorm.nnx's norms, forward and a
+  ``value_and_grad`` step, batch sharded over 8 devices: inputs put on the mesh, the same
+  inside ``jax.set_mesh``, or host arrays with ``in_shardings`` inside ``jax.set_mesh``:
+  Flax's collectives and no conditional. (Host arrays with ``in_shardings`` and no mesh
+  in sight take the host platform's form: on XLA:CPU BatchNorm's step then takes 4
+  all-reduces and a permute against 2, a known limit; RESULTS item 76.)"""
+  from flax import nnx
+
+  from jaxnorm import nnx as jnnx
+
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
+  shape = SEQ if name == "layer" else CNN
+  x = np.random.default_rng(0).normal(2.0, 1.0, shape).astype(np.float32)
+  data = NamedSharding(mesh, P("data"))
+
+  def make(lib):
+    rngs = nnx.Rngs(0)
+    if name == "batch":
+      return lib.BatchNorm(shape[-1], rngs=rngs)
+    if name == "group":
+      return lib.GroupNorm(shape[-1], num_groups=4, rngs=rngs)
+    return lib.LayerNorm(shape[-1], rngs=rngs)
+
+  def step(model, x):
+    return nnx.value_and_grad(lambda model: jnp.sum(jnp.sin(model(x))))(model)
+
+  counts = {}
+  for lib in (jnnx, nnx):
+    for fn in (lambda m, x: m(x), step):
+      with jax.set_mesh(mesh) if mode != "device_put" else contextlib.nullcontext():
+        if mode == "in_shardings":
+          lowered = nnx.jit(fn, in_shardings=(None, data)).lower(make(lib), x)
+        else:
+          lowered = nnx.jit(fn).lower(make(lib), jax.device_put(x, data))
+        text = lowered.compile().as_text()
+      counts.setdefault(lib.__name__, []).append(hlo.count(text, (*COLLECTIVES, "conditional")))
+  ours, flax = counts["jaxnorm.nnx"], counts["flax.nnx"]
+  assert ours == flax, (ours, flax)
