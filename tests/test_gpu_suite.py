@@ -197,3 +197,25 @@ def test_a_variant_run_writes_its_own_files(tmp_path, monkeypatch):
   assert saved["meta"]["variant"].startswith("global-shifts: ")
   assert not (tmp_path / "gpu_suite.json").exists()
   assert "Variant global-shifts" in (tmp_path / "gpu_suite_global-shifts.md").read_text()
+
+
+def test_the_device_run_script_brings_back_one_archive(tmp_path):
+  """``benchmarks/device_run.sh`` (a device run in one call, whose tool brings back at most
+  8 files) on tiny shapes on the CPU (``SMOKE=1``): one archive holding the suite's
+  results and each variant's."""
+  import pathlib
+  import subprocess
+  import sys
+  import tarfile
+
+  from benchmarks import variants
+
+  root = pathlib.Path(__file__).resolve().parents[1]
+  env = {**__import__("os").environ, "SMOKE": "1", "PYTHON": sys.executable}
+  subprocess.run(["bash", "benchmarks/device_run.sh", str(tmp_path)], cwd=root, env=env,
+                 check=True, capture_output=True, timeout=300)  # fmt: skip
+  with tarfile.open(tmp_path / "device_run.tgz") as archive:
+    names = {pathlib.Path(n).name for n in archive.getnames()}
+  assert {"gpu_suite.json", "gpu_suite.md", "gpu_suite.log", "pallas_device_check.json"} <= names
+  assert {f"gpu_suite_{v}.json" for v in variants.VARIANTS} <= names
+  assert (tmp_path / "gpu_suite.md").exists()
