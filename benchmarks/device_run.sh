@@ -23,7 +23,7 @@ else
 fi
 timeout 330 "$python" benchmarks/gpu_suite.py --out "$work" "${suite[@]}" 2>&1 |
   tee "$work/gpu_suite.log"
-for name in global-shifts all-per-sample fused-rows-16384; do
+for name in $(cd benchmarks && "$python" -c 'import variants; print(*variants.VARIANTS)'); do
   timeout 70 "$python" benchmarks/gpu_suite.py --variant "$name" --out "$work" "${variant[@]}" 2>&1 |
     tee -a "$work/variants.log"
 done

@@ -27,18 +27,18 @@ class Variant(NamedTuple):
 
 def _per_sample_batch(limit: int):
   def apply(set_attr):
-    from jaxnorm._engine import router  # noqa: PLC0415 (patched when a run asks)
+    from jaxnorm._engine import gpu  # noqa: PLC0415 (patched when a run asks)
 
-    set_attr(router, "PER_SAMPLE_BATCH", limit)
+    set_attr(gpu, "PER_SAMPLE_BATCH", limit)
 
   return apply
 
 
 def _fused_rows(limit: int):
   def apply(set_attr):
-    from jaxnorm._engine import router  # noqa: PLC0415
+    from jaxnorm._engine import gpu  # noqa: PLC0415
 
-    set_attr(router, "FUSED_ROW", limit)
+    set_attr(gpu, "FUSED_ROW", limit)
 
   return apply
 

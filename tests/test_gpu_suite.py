@@ -153,7 +153,6 @@ def test_each_variant_changes_the_gpu_program_of_the_cases_it_names(monkeypatch)
   import re
 
   import jax
-  import numpy as np
 
   import jaxnorm
   from benchmarks import variants
@@ -188,10 +187,10 @@ def _case_text(case):
 
 def test_a_variant_run_writes_its_own_files(tmp_path, monkeypatch):
   """A variant's rows go beside the shipped run's, in files named after it, labelled."""
-  from jaxnorm._engine import router
+  from jaxnorm._engine import gpu
 
   # (the run patches its whole process, as a device run should: restored after this test)
-  monkeypatch.setattr(router, "PER_SAMPLE_BATCH", router.PER_SAMPLE_BATCH)
+  monkeypatch.setattr(gpu, "PER_SAMPLE_BATCH", gpu.PER_SAMPLE_BATCH)
   gpu_suite.main(["--smoke", "--variant", "global-shifts", "--out", str(tmp_path)])
   saved = json.loads((tmp_path / "gpu_suite_global-shifts.json").read_text())
   assert saved["meta"]["variant"].startswith("global-shifts: ")
@@ -203,6 +202,7 @@ def test_the_device_run_script_brings_back_one_archive(tmp_path):
   """``benchmarks/device_run.sh`` (a device run in one call, whose tool brings back at most
   8 files) on tiny shapes on the CPU (``SMOKE=1``): one archive holding the suite's
   results and each variant's."""
+  import os
   import pathlib
   import subprocess
   import sys
@@ -211,7 +211,7 @@ def test_the_device_run_script_brings_back_one_archive(tmp_path):
   from benchmarks import variants
 
   root = pathlib.Path(__file__).resolve().parents[1]
-  env = {**__import__("os").environ, "SMOKE": "1", "PYTHON": sys.executable}
+  env = {**os.environ, "SMOKE": "1", "PYTHON": sys.executable}
   subprocess.run(["bash", "benchmarks/device_run.sh", str(tmp_path)], cwd=root, env=env,
                  check=True, capture_output=True, timeout=300)  # fmt: skip
   with tarfile.open(tmp_path / "device_run.tgz") as archive:

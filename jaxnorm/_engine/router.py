@@ -55,10 +55,10 @@ import jax.numpy as jnp
 from jaxnorm._axes import Axes, canonicalize_axes
 from jaxnorm._config import Config, freeze_groups
 from jaxnorm._dtypes import count_dtype, promote, real_dtype, reduction_dtype
-from jaxnorm._engine import accelerators, kernel
+from jaxnorm._engine import accelerators, gpu, kernel
 from jaxnorm._engine.collectives import device_parts
 from jaxnorm._engine.cpu import by_method
-from jaxnorm._engine.gpu import FUSED_ROW, PER_SAMPLE_BATCH, row_moments, two_shifts
+from jaxnorm._engine.gpu import row_moments, two_shifts
 from jaxnorm._engine.inputs import broadcast_mask, check_epsilon, shaped_params
 from jaxnorm._engine.maths import (
   Moments,
@@ -264,9 +264,9 @@ def _differentiated(raw, axes, groups, dtype):
   if raw.ndim - 1 in axes or set(sharded_axes(raw)) & set(axes):
     parts = merged(raw)  # (explicit sharding cannot slice one element of a sharded axis)
   else:
-    per_outer = on_mesh(raw) or (axes[:1] == (0,) and raw.shape[0] <= PER_SAMPLE_BATCH)
-    gpu = functools.partial(two_shifts, axes=axes, dtype=dtype, per_outer=per_outer)
-    parts = switch(raw, like=raw, gpu=gpu, default=merged)
+    per_outer = on_mesh(raw) or (axes[:1] == (0,) and raw.shape[0] <= gpu.PER_SAMPLE_BATCH)
+    shifted = functools.partial(two_shifts, axes=axes, dtype=dtype, per_outer=per_outer)
+    parts = switch(raw, like=raw, gpu=shifted, default=merged)
   return moments_of(parts, groups)
 
 
@@ -284,7 +284,7 @@ def merged_moments(raw: jax.Array, axes: tuple[int, ...], groups: Any, dtype: An
   differentiated, 12|x| against 7)."""
   stats = functools.partial(_differentiated, axes=axes, groups=groups, dtype=dtype)
   # (over more axes it made no one kernel; over longer rows a slower one: gpu.FUSED_ROW)
-  if axes != (raw.ndim - 1,) or on_mesh(raw) or raw.shape[-1] > FUSED_ROW:
+  if axes != (raw.ndim - 1,) or on_mesh(raw) or raw.shape[-1] > gpu.FUSED_ROW:
     return stats(raw)
   rows = functools.partial(row_moments, axes=axes, groups=groups, dtype=dtype)
   return switch(raw, like=raw, gpu=rows, default=stats)
