@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxnorm
-from tests.cases import CASES, IDS
+from tests.cases import CASES, FUNCTIONS, IDS
 
 # (N, T, C) with one size-0 axis: the batch, a reduced axis, the feature axis.
 SHAPES = [(0, 3, 4), (2, 0, 4), (2, 3, 0)]
@@ -30,6 +30,22 @@ def test_pure_functions_on_empty_inputs(case, shape, jit):
   grads = jax.grad(loss, argnums=(0, 1, 2))(x, gamma, beta)
   for g, like in zip(grads, (x, gamma, beta), strict=True):
     assert g.shape == like.shape
+    np.testing.assert_array_equal(g, 0.0)  # a sum over nothing
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+@pytest.mark.parametrize("case", [c for c in FUNCTIONS if c.batched], ids=lambda c: c.name)
+def test_other_norms_on_an_empty_batch(case, jit):
+  """Every per-sample array (x, conditioning, labels) with no sample: an empty output of
+  the full call's other dimensions and dtype, and zero gradients of the right shapes."""
+  args, full = case.arrays(batch=0), case.arrays()
+  fn = jax.jit(case.fn) if jit else case.fn
+  y, want = fn(*args), jax.eval_shape(case.fn, *full)
+  assert y.shape == (0, *want.shape[1:]) and y.dtype == want.dtype
+  wrt = tuple(i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating))
+  grads = jax.grad(lambda *a: jnp.sum(fn(*a) ** 2), argnums=wrt)(*args)
+  for i, g in zip(wrt, grads, strict=True):
+    assert g.shape == args[i].shape
     np.testing.assert_array_equal(g, 0.0)  # a sum over nothing
 
 

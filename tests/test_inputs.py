@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxnorm
 from tests import reference as ref
-from tests.cases import CASES, IDS
+from tests.cases import CASES, FUNCTION_IDS, FUNCTIONS, IDS
 from tests.devices import tracing_for
 
 INT_DTYPES = [np.uint8, np.uint16, np.int8, np.int32, np.bool_]
@@ -46,6 +46,19 @@ def test_integer_and_bool_inputs_match_the_reference(case, dtype, rng):
   assert y.dtype == jnp.float32  # Flax's output dtype for integer inputs
   expected = expected if has_bias else case.reference(x, g, None)
   np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.bool_], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("case", FUNCTIONS, ids=FUNCTION_IDS)
+def test_other_norms_on_integer_and_bool_inputs(case, dtype, rng):
+  """Integer and bool x (or content): a float32 output equal to the reference's of the
+  same values (uint8 around 128: a wrapped negation or an integer mean would be far off)."""
+  args = case.arrays()
+  x = _ints(dtype, args[0].shape, rng)
+  y = jax.jit(case.fn)(jnp.asarray(x), *args[1:])
+  assert y.dtype == jnp.float32
+  want = case.reference(x.astype(np.float64), *args[1:])
+  np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()))
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.bool_], ids=lambda d: np.dtype(d).name)

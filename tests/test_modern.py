@@ -1,7 +1,9 @@
-"""The modern norms' pure functions (DyT, L2, LRN, modulation, AdaLN, modulated RMSNorm,
-AdaIN, conditional BatchNorm) against the float64 reference: values in float32, bfloat16
-and float16 (computed in float32, rounded once), derivatives against the reference's
-central differences and second-order ``check_grads``, and their errors."""
+"""The registry's other norms (``tests.cases.FUNCTIONS``: DyT, L2, LRN, modulation, AdaLN,
+modulated RMSNorm, AdaIN, conditional BatchNorm, Add & Norm, Batch Renorm, frozen
+BatchNorm, ``normalize``, the weight norms) against the float64 reference: values in
+float32, bfloat16 and float16 (computed in float32, rounded once), derivatives against the
+reference's central differences and second-order ``check_grads``; the modern norms'
+errors."""
 
 import jax
 import jax.numpy as jnp
@@ -11,153 +13,19 @@ from jax.test_util import check_grads
 
 import jaxnorm
 from tests import reference as ref
+from tests.cases import FUNCTION_IDS, FUNCTIONS, IMAGE, ROWS, D, function_data
 
-B, T, D = 3, 5, 8
-ROWS = (B, T, D)
-IMAGE = (2, 4, 3, 6)  # N, H, W, C
-
-
-def _data(seed=0):
-  """x (B, T, D) off centre (so a wrong mean shows), per-sample conditioning, parameters."""
-  r = np.random.default_rng(seed)
-  return dict(
-    x=r.normal(3.0, 2.0, ROWS),
-    shift=r.normal(0, 1, (B, D)),
-    scale=r.normal(0, 0.5, (B, D)),
-    g=r.normal(1, 0.3, D),
-    b=r.normal(0, 0.3, D),
-    content=r.normal(2.0, 1.5, IMAGE),
-    style=r.normal(-4.0, 3.0, (1, 5, 2, 6)),  # one style, other spatial size
-    labels=np.array([2, 0, 1]),
-    table_g=r.normal(1, 0.5, (3, D)),
-    table_b=r.normal(0, 0.5, (3, D)),
-  )
-
-
-def _update(x):
-  """A sublayer's output for the gate, in float32 (so x's rounding is the only one)."""
-  return jnp.square(x.astype(jnp.float32)) * 0.1
-
-
-def _mask():
-  return np.arange(D)[None, None, :] < 6
-
-
-# name -> (jaxnorm(args), reference(args), the argument names; x first, differentiated)
-CASES = {
-  "dyt": (
-    lambda x, g, b: jaxnorm.dyt(x, 0.7, g, b),
-    lambda x, g, b: ref.dyt(x, 0.7, g, b),
-    ("x", "g", "b"),
-  ),
-  "dyt_alpha_per_feature": (
-    lambda x, g: jaxnorm.dyt(x, g * 0.5, None, g),
-    lambda x, g: ref.dyt(x, np.asarray(g) * 0.5, None, g),
-    ("x", "g"),
-  ),
-  "l2_normalize": (lambda x: jaxnorm.l2_normalize(x), ref.l2_normalize, ("x",)),
-  "l2_normalize_2d": (
-    lambda x: jaxnorm.l2_normalize(x, (1, 2)),
-    lambda x: ref.l2_normalize(x, (1, 2)),
-    ("x",),
-  ),
-  "lrn": (
-    lambda x: jaxnorm.local_response_norm(x, 3, 0.2, 0.75, 2.0),
-    lambda x: ref.local_response_norm(x, 3, 0.2, 0.75, 2.0),
-    ("x",),
-  ),
-  "lrn_even_channels_first": (
-    lambda x: jaxnorm.local_response_norm(x, 4, 0.5, 0.6, 1.0, channel_axis=1),
-    lambda x: ref.local_response_norm(x, 4, 0.5, 0.6, 1.0, channel_axis=1),
-    ("x",),
-  ),
-  "modulate": (
-    lambda x, shift, scale: jaxnorm.modulate(x, shift, scale),
-    lambda x, shift, scale: ref.modulate(x, ref.per_sample(shift, 3), ref.per_sample(scale, 3)),
-    ("x", "shift", "scale"),
-  ),
-  "film": (
-    lambda x, shift, scale: jaxnorm.modulate(x, shift, scale, zero_centered_scale=False),
-    lambda x, shift, scale: ref.modulate(
-      x, ref.per_sample(shift, 3), ref.per_sample(scale, 3), zero_centered=False
-    ),
-    ("x", "shift", "scale"),
-  ),
-  "gated_residual": (
-    lambda x, shift, scale: jaxnorm.gated_residual(x, _update(x), scale),
-    lambda x, shift, scale: (
-      np.asarray(x, np.float64) + ref.per_sample(scale, 3) * np.asarray(x, np.float64) ** 2 * 0.1
-    ),
-    ("x", "shift", "scale"),
-  ),
-  "adaptive_layer_norm": (
-    lambda x, shift, scale: jaxnorm.adaptive_layer_norm(x, shift, scale),
-    lambda x, shift, scale: ref.modulate(
-      ref.layer_norm(x), ref.per_sample(shift, 3), ref.per_sample(scale, 3)
-    ),
-    ("x", "shift", "scale"),
-  ),
-  "adaptive_layer_norm_masked": (
-    lambda x, shift, scale: jaxnorm.adaptive_layer_norm(x, shift, scale, mask=_mask()),
-    lambda x, shift, scale: ref.modulate(
-      ref.layer_norm(x, mask=_mask()), ref.per_sample(shift, 3), ref.per_sample(scale, 3)
-    ),
-    ("x", "shift", "scale"),
-  ),
-  "adaptive_rms_norm": (
-    lambda x, shift, scale: jaxnorm.adaptive_rms_norm(x, shift, scale),
-    lambda x, shift, scale: ref.modulate(
-      ref.rms_norm(x), ref.per_sample(shift, 3), ref.per_sample(scale, 3)
-    ),
-    ("x", "shift", "scale"),
-  ),
-  "adaptive_instance_norm": (
-    lambda content, style: jaxnorm.adaptive_instance_norm(content, style),
-    ref.adaptive_instance_norm,
-    ("content", "style"),
-  ),
-  "adaptive_instance_norm_nchw": (
-    lambda content, style: jaxnorm.adaptive_instance_norm(
-      content.transpose(0, 3, 1, 2), style.transpose(0, 3, 1, 2), feature_axes=1
-    ),
-    lambda content, style: ref.adaptive_instance_norm(
-      np.transpose(content, (0, 3, 1, 2)), np.transpose(style, (0, 3, 1, 2)), channel_axis=1
-    ),
-    ("content", "style"),
-  ),
-  "conditional_batch_norm": (
-    lambda x, table_g, table_b: jaxnorm.conditional_batch_norm_step(
-      x,
-      jnp.array([2, 0, 1]),
-      table_g,
-      table_b,
-      jnp.zeros(D),
-      jnp.ones(D),
-      use_running_average=False,
-    )[0],  # fmt: skip
-    lambda x, table_g, table_b: ref.conditional_batch_norm(
-      x, np.array([2, 0, 1]), table_g, table_b
-    )[0],
-    ("x", "table_g", "table_b"),
-  ),
-}
+BY_NAME = {c.name: c for c in FUNCTIONS}
 
 TOLERANCE = {jnp.float32: 2e-6, jnp.bfloat16: 8e-3, jnp.float16: 1e-3}
 
 
-def _args(name, dtype=jnp.float32):
-  data = _data()
-  return [jnp.asarray(data[a], dtype if i == 0 else jnp.float32)
-          for i, a in enumerate(CASES[name][2])]  # fmt: skip
-
-
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=lambda d: jnp.dtype(d).name)
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_matches_float64_reference(name, dtype):
-  fn, reference, _ = CASES[name]
-  args = _args(name, dtype)
-  y = jax.jit(fn)(*args)
-  want = reference(*(np.asarray(a, np.float64) for a in args))
+@pytest.mark.parametrize("case", FUNCTIONS, ids=FUNCTION_IDS)
+def test_matches_float64_reference(case, dtype):
+  args = case.arrays(dtype)
+  y = jax.jit(case.fn)(*args)
+  want = case.reference(*args)
   assert y.shape == want.shape
   # The first input in half precision, the rest float32: the output is float32 (Flax's
   # promotion) except where the only input is x, which keeps x's dtype.
@@ -172,7 +40,7 @@ def test_half_precision_computes_in_float32():
   """bfloat16 input and conditioning, float32 output: exact to float32 rounding. A
   bfloat16 ``1 + scale`` (scale ~1e-3, TransformerEngine#789) or bfloat16 statistics would
   be off by ~1e-3; with a bfloat16 output, one rounding of that result."""
-  data = _data()
+  data = function_data()
   x = jnp.asarray(data["x"], jnp.bfloat16)
   shift, scale = (jnp.asarray(data[k] * 1e-3, jnp.bfloat16) for k in ("shift", "scale"))
   f64 = [np.asarray(a, np.float64) for a in (x, shift, scale)]
@@ -185,30 +53,37 @@ def test_half_precision_computes_in_float32():
   np.testing.assert_array_equal(y, jnp.asarray(want, jnp.float32).astype(jnp.bfloat16))
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_gradient_matches_reference_differences(name):
-  """⟨∇(Σ w·f), v⟩ in float32 against central differences of the float64 reference."""
-  fn, reference, names = CASES[name]
-  args = _args(name)
+@pytest.mark.parametrize(
+  "case", [c for c in FUNCTIONS if c.differences != ()], ids=lambda c: c.name
+)
+def test_gradient_matches_reference_differences(case):
+  """⟨∇(Σ w·f), v⟩ in float32 against central differences of the float64 reference, over
+  every floating argument the norm differentiates (``Function.differences``)."""
+  args = case.arrays()
+  floating = [i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating)]
+  named = case.differences
+  wrt = tuple(i for i in floating if named is None or case.args[i] in named)
   r = np.random.default_rng(7)
-  w = r.normal(size=jax.eval_shape(fn, *args).shape)
-  dirs = [r.normal(size=a.shape) for a in args]
-  grads = jax.grad(lambda *a: jnp.sum(fn(*a) * w), argnums=tuple(range(len(args))))(*args)
-  got = sum(float(np.sum(np.asarray(g, np.float64) * v)) for g, v in zip(grads, dirs, strict=True))
+  w = r.normal(size=jax.eval_shape(case.fn, *args).shape)
+  dirs = {i: r.normal(size=args[i].shape) for i in wrt}
+  grads = jax.grad(lambda *a: jnp.sum(case.fn(*a) * w), argnums=wrt)(*args)
+  got = sum(
+    float(np.sum(np.asarray(g, np.float64) * dirs[i])) for i, g in zip(wrt, grads, strict=True)
+  )
   h = 1e-5
-  f64 = [np.asarray(a, np.float64) for a in args]
-  plus = reference(*(a + h * v for a, v in zip(f64, dirs, strict=True)))
-  minus = reference(*(a - h * v for a, v in zip(f64, dirs, strict=True)))
+  f64 = [np.asarray(a, np.float64) if i in dirs else np.asarray(a) for i, a in enumerate(args)]
+  plus = case.ref(*(a + h * dirs[i] if i in dirs else a for i, a in enumerate(f64)))
+  minus = case.ref(*(a - h * dirs[i] if i in dirs else a for i, a in enumerate(f64)))
   want = float(np.sum((plus - minus) * w)) / (2 * h)
   assert abs(got - want) <= 1e-4 * (1 + abs(want)), (got, want)
 
 
 @pytest.mark.parametrize("name", ["dyt", "l2_normalize", "lrn"])
 def test_check_grads_second_order(name):
-  fn, _, names = CASES[name]
+  case = BY_NAME[name]
   with jax.enable_x64(True):
-    args = [jnp.asarray(_data()[a], jnp.float64) for a in names]
-    check_grads(jax.jit(fn), args, order=2, modes=("fwd", "rev"), atol=1e-5, rtol=1e-5)
+    args = [jnp.asarray(function_data()[a], jnp.float64) for a in case.args]
+    check_grads(jax.jit(case.fn), args, order=2, modes=("fwd", "rev"), atol=1e-5, rtol=1e-5)
 
 
 def test_per_sample_conditioning_is_not_aligned_by_trailing_axes():
@@ -255,7 +130,7 @@ def test_conditional_batch_norm_labels_out_of_range():
 
 
 def test_conditional_batch_norm_updates_shared_statistics():
-  data = _data()
+  data = function_data()
   x = jnp.asarray(data["x"].reshape(-1, D)[:6])
   labels = jnp.array([0, 1, 2, 0, 1, 2])
   y, (mean, var) = jaxnorm.conditional_batch_norm_step(
@@ -273,26 +148,6 @@ def test_conditional_batch_norm_updates_shared_statistics():
   np.testing.assert_allclose(y2, y, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_strict_promotion_gives_the_standard_result(name):
-  """bfloat16 x with float32 parameters under ``jax_numpy_dtype_promotion="strict"``:
-  forward and gradient bit for bit the standard mode's (no TypePromotionError)."""
-  fn, _, _ = CASES[name]
-  args = _args(name, jnp.bfloat16)
-
-  def run():
-    y = jax.jit(fn)(*args)
-    grads = jax.jit(jax.grad(lambda *a: fn(*a).astype(jnp.float32).sum(), argnums=0))(*args)
-    return y, grads
-
-  with jax.numpy_dtype_promotion("standard"):
-    want = run()
-  with jax.numpy_dtype_promotion("strict"):
-    got = run()
-  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-
-
 def test_adaptive_norms_under_explicit_sharding():
   """Batch and tokens sharded (``AxisType.Explicit``): AdaLN, modulated RMSNorm and the gate
   run, keep the input's sharding, and give the unsharded values and gradients."""
@@ -300,7 +155,7 @@ def test_adaptive_norms_under_explicit_sharding():
   from jax.sharding import PartitionSpec as P
 
   mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
-  data = _data()
+  data = function_data()
   x = np.concatenate([data["x"]] * 4, axis=1)[:2, :8]  # (2, 8, 8)
   shift, scale = data["shift"][:2], data["scale"][:2]
 

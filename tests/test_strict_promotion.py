@@ -14,7 +14,7 @@ from flax import nnx
 
 import jaxnorm
 from tests import reference as ref
-from tests.cases import CASES, IDS, LAYOUTS
+from tests.cases import CASES, FUNCTION_IDS, FUNCTIONS, IDS, LAYOUTS
 
 eqx = pytest.importorskip("equinox")
 import jaxnorm.equinox as jeqx  # noqa: E402
@@ -58,6 +58,18 @@ def test_pure_function_forward_and_gradient(case, dtype, rng):
       return case.call(x, g, g).astype(jnp.float32).sum()
 
     _same_in_both_modes(lambda: jax.jit(jax.grad(loss, argnums=(0, 1)))(x, g))
+
+
+@pytest.mark.parametrize("case", FUNCTIONS, ids=FUNCTION_IDS)
+def test_other_norms_pure_functions(case):
+  """bfloat16 x with float32 parameters and conditioning: forward and gradient."""
+  args = case.arrays(jnp.bfloat16)
+  _same_in_both_modes(lambda: jax.jit(case.fn)(*args))
+
+  def loss(*a):
+    return case.fn(*a).astype(jnp.float32).sum()
+
+  _same_in_both_modes(lambda: jax.jit(jax.grad(loss))(*args))
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -5,9 +5,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxnorm
 from tests import reference as ref
+from tests.cases import CASES, FUNCTION_IDS, FUNCTIONS, IDS
 
 
 def test_vmap_equals_batched_call(rng):
@@ -17,6 +19,31 @@ def test_vmap_equals_batched_call(rng):
   np.testing.assert_allclose(per_example, jaxnorm.layer_norm(x, g), atol=1e-6)
   gn = jax.vmap(lambda x: jaxnorm.group_norm(x[None], num_groups=2)[0])(x)
   np.testing.assert_allclose(gn, jaxnorm.group_norm(x, num_groups=2), atol=1e-6)
+
+
+def _vmap_equals_a_loop_and_jit_eager(fn, args):
+  """``vmap(fn)`` over two different sets of ``args`` stacked on a new leading axis equals
+  ``fn`` on each (the second set not an affine map of the first, which a norm undoes);
+  ``jit(fn)`` equals ``fn`` eagerly."""
+  other = [a + 0.5 * jnp.sin(3 * a) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args]
+  stacked = [jnp.stack(pair) for pair in zip(args, other, strict=True)]
+  mapped = jax.vmap(fn)(*stacked)
+  for i, one in enumerate((args, other)):
+    np.testing.assert_allclose(mapped[i], fn(*one), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(jax.jit(fn)(*args), fn(*args), rtol=1e-6, atol=1e-6)
+  assert not np.allclose(mapped[0], mapped[1], atol=1e-3)  # (the two calls differ)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_every_norm_under_vmap_and_jit(case, rng):
+  x = rng.normal(2.0, 3.0, (4, 3, 8)).astype(np.float32)
+  g, b = rng.normal(1.0, 0.3, 8).astype(np.float32), rng.normal(0, 0.3, 8).astype(np.float32)
+  _vmap_equals_a_loop_and_jit_eager(case.call, [jnp.asarray(a) for a in (x, g, b)])
+
+
+@pytest.mark.parametrize("case", FUNCTIONS, ids=FUNCTION_IDS)
+def test_every_other_norm_under_vmap_and_jit(case):
+  _vmap_equals_a_loop_and_jit_eager(case.fn, case.arrays())
 
 
 def test_vmap_with_axis_name_gives_global_statistics_with_unequal_masks(rng):
