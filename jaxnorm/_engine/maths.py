@@ -190,6 +190,14 @@ def shifted_parts(x, axes, groups, shifts, raw=None):
   return n, a, s1, t2 + delta * (2 * s1 - n * delta)
 
 
+def squeezed(t, axes):
+  """``t`` (or each array of a tuple) with its kept, size-1 ``axes`` removed: statistics in
+  their own shape."""
+  if isinstance(t, tuple):
+    return tuple(jnp.squeeze(a, axes) for a in t)
+  return jnp.squeeze(t, axes)
+
+
 def moments_of(parts, groups):
   """Mean and variance from per-channel ``(n, a, s₁, s₂)``, merged first over each of the
   channel ``groups`` (small arrays: :func:`group_sum`'s reason), repeated on its channels."""
@@ -233,6 +241,10 @@ def textbook_jvp(primal):
     mean, var = primal(*primals, axes, groups, dtype)
     x, dx = raw.astype(dtype), draw.astype(dtype)
     n = elements_per_group(x.shape, axes, groups)
+    if groups is None:  # (in the sums' own shape, as the norm's arithmetic: RESULTS item 79)
+      dmean = jnp.sum(dx, axes) / n
+      dvar = 2.0 * (jnp.sum(x * dx, axes) / n - squeezed(mean, axes) * dmean)
+      return (mean, var), tuple(jnp.expand_dims(t, axes) for t in (dmean, dvar))
     dmean = group_sum(dx, axes, groups) / n
     return (mean, var), (dmean, 2.0 * (group_sum(x * dx, axes, groups) / n - mean * dmean))
 

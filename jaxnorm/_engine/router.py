@@ -68,6 +68,7 @@ from jaxnorm._engine.maths import (
   moments_of,
   shifted_parts,
   shifts,
+  squeezed,
   textbook_jvp,
   two_pass,
 )
@@ -267,6 +268,8 @@ def _differentiated(raw, axes, groups, dtype):
     per_outer = on_mesh(raw) or (axes[:1] == (0,) and raw.shape[0] <= gpu.PER_SAMPLE_BATCH)
     shifted = functools.partial(two_shifts, axes=axes, dtype=dtype, per_outer=per_outer)
     parts = switch(raw, like=raw, gpu=shifted, default=merged)
+  if groups is None:  # (in the sums' own shape, as the norm's arithmetic: RESULTS item 79)
+    return tuple(jnp.expand_dims(t, axes) for t in moments_of(squeezed(parts, axes), None))
   return moments_of(parts, groups)
 
 
