@@ -66,12 +66,13 @@ def affine_normalize(
   # Flax's: kept as size 1, XLA:TPU met each sum's f32[C] across a change of tiling and
   # left the arithmetic in kernels of its own (a ResNet-50 step 625 kernels against 532,
   # RESULTS item 79). Channel groups keep theirs (squeezed, a UNet step took 10 more).
-  own = var if groups is not None else squeezed(var, cfg.axes)
+  own_shape = groups is None
+  own = squeezed(var, cfg.axes) if own_shape else var
   # (not RMSNorm's on XLA:GPU: the guard split it in three kernels, RESULTS item 41)
   guarded = guard(own) if cfg.center else switch(own, like=x, tpu=guard, default=lambda v: v)
   r = lax.rsqrt(guarded + epsilon.astype(acc)).astype(cfg.dtype)
   centred = (xs - mean.astype(cfg.dtype)) if cfg.center else xs
-  if groups is None and (scale is None or all(scale.shape[a] == 1 for a in cfg.axes)):
+  if own_shape and (scale is None or all(scale.shape[a] == 1 for a in cfg.axes)):
     # γ constant over each group: r·γ in that shape too, then (x − μ)·(r·γ) + β.
     factor = r if scale is None else r * squeezed(scale, cfg.axes)
     y = affine(centred, jnp.expand_dims(factor, cfg.axes), None, bias, False)
@@ -81,7 +82,7 @@ def affine_normalize(
     # per-feature γ excepted: x·r·γ 11|x| against 10 on XLA:GPU. Else r·γ first, as Flax:
     # the derivative's reductions share one shape; a separate ·γ made XLA:GPU write x̂
     # out (16|x| against 11, bfloat16 InstanceNorm).
-    r = r if groups is not None else jnp.expand_dims(r, cfg.axes)
+    r = jnp.expand_dims(r, cfg.axes) if own_shape else r
     per_element = (
       scale is not None
       and jnp.broadcast_shapes(r.shape, scale.shape) == x.shape

@@ -241,12 +241,12 @@ def textbook_jvp(primal):
     mean, var = primal(*primals, axes, groups, dtype)
     x, dx = raw.astype(dtype), draw.astype(dtype)
     n = elements_per_group(x.shape, axes, groups)
-    if groups is None:  # (in the sums' own shape, as the norm's arithmetic: RESULTS item 79)
-      dmean = jnp.sum(dx, axes) / n
-      dvar = 2.0 * (jnp.sum(x * dx, axes) / n - squeezed(mean, axes) * dmean)
-      return (mean, var), tuple(jnp.expand_dims(t, axes) for t in (dmean, dvar))
-    dmean = group_sum(dx, axes, groups) / n
-    return (mean, var), (dmean, 2.0 * (group_sum(x * dx, axes, groups) / n - mean * dmean))
+    own = groups is None  # (the sums in their own shape, as the norm's: RESULTS item 79)
+    total = functools.partial(jnp.sum, axis=axes) if own else lambda z: group_sum(z, axes, groups)
+    dmean = total(dx) / n
+    dvar = 2.0 * (total(x * dx) / n - (squeezed(mean, axes) if own else mean) * dmean)
+    tangents = tuple(jnp.expand_dims(t, axes) for t in (dmean, dvar)) if own else (dmean, dvar)
+    return (mean, var), tangents
 
   return rule
 
