@@ -1,18 +1,21 @@
-"""jaxnorm's and Flax's programs compiled for TPUs and an H100 without a device (issue 43).
+"""jaxnorm's and Flax's programs compiled for TPUs and H100s without a device (issue 43).
 
-Every norm's forward and forward+backward, compiled for a TPU generation (libtpu's
-``jax.experimental.topologies``) or an H100 (the CUDA plugin, ``gpu_programs.H100``), and
-counted: kernels (top-level operations other than bookkeeping: parameters, tuples,
-bitcasts, constants and the asynchronous parameter copies every program has alike) and
-bytes over |x| (XLA's ``cost_analysis`` on TPUs; on GPUs, whose cost analysis needs a
-device, :func:`hlo.kernels_and_bytes`). Columns: jaxnorm / Flax's default
+Every norm's forward and forward+backward (``tests/programs.py``'s programs), compiled for a
+TPU generation (libtpu's ``jax.experimental.topologies``) or an H100 (the CUDA plugin and
+XLA's target description, ``tests/devices.py``), and counted by ``tests/hlo.py``: kernels
+(top-level operations other than bookkeeping; on GPUs every launch of the entry computation
+and of its loops and conditionals) and bytes over |x| (XLA's ``cost_analysis`` on TPUs; on
+GPUs, whose cost analysis needs a device, the bytes model: every kernel's operands read and
+results written, a sliced operand counted as its slices). Columns: jaxnorm / Flax's default
 (``E[x²] − E[x]²``) / Flax's ``use_fast_variance=False`` (two passes); ``*`` marks a
 jaxnorm program with more kernels or bytes than Flax's default, ``**`` one with more than
 Flax's two-pass program too.
+
 ``--modern`` compiles the adaptive norms, DyT and Batch Renorm instead; ``--stacks`` the
-model stacks, with lower and compile times (``results/accelerators/tpu_v5e_stacks.md``);
-``--sharded`` the layouts of issue 43's point 2 on a 4-chip mesh, counting collectives and
-all-gathers of x.
+model stacks (``tests/models.py``), with lower and compile times; ``--sharded`` the layouts
+of issue 43's point 2 on a 4-chip mesh, counting collectives and all-gathers of x;
+``--pallas`` (GPUs) jaxnorm's Pallas row kernels beside its XLA path at the device suite's
+training shapes, against the least traffic of each pass.
 
   pip install "jax[tpu]==<jax's version>"            # libtpu, no TPU needed
   R=benchmarks/results/accelerators
@@ -20,15 +23,19 @@ all-gathers of x.
   PYTHONPATH=. python benchmarks/accelerator_programs.py --topology v6e:2x2 > $R/tpu_v6e.md
   PYTHONPATH=. python benchmarks/accelerator_programs.py --modern > $R/tpu_v5e_modern.md
   PYTHONPATH=. python benchmarks/accelerator_programs.py --sharded > $R/tpu_v5e_sharded.md
-  # (--platform gpu --sharded: the same layouts on four H100s)
-  # in a venv with the CUDA plugin (gpu_programs.py's docstring), the same with
-  JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu PYTHONPATH=. \\
-      python benchmarks/accelerator_programs.py --platform gpu [--modern] > $R/h100[_modern].md
+  PYTHONPATH=. python benchmarks/accelerator_programs.py --stacks > $R/tpu_v5e_stacks.md
+
+  # H100s: the CUDA plugin (no GPU needed), in a venv of its own
+  pip install "jax-cuda12-plugin[with-cuda]==<jax's version>" "jax-cuda12-pjrt==<same>"
+  JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu PYTHONPATH=. python \\
+      benchmarks/accelerator_programs.py --platform gpu [--modern | --sharded | --stacks |
+      --pallas] > $R/h100[_modern | _sharded | _stacks | _pallas].md
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import re
@@ -44,11 +51,15 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_norms  # noqa: E402
-import hlo  # noqa: E402
-
 import jaxnorm  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_norms  # noqa: E402 (floor_kernels, the least traffic of a pass)
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import devices, models, programs  # noqa: E402 (the tests' programs and counts)
+from tests.hlo import count, kernels, kernels_and_bytes, measure  # noqa: E402
+from tests.programs import LIBS, forward_backward, renorm_by_hand  # noqa: E402
 
 ROWS = [(16, 512, 768), (4, 1024, 4096), (2, 1024, 8192), (8192, 768), (4096, 4096)]
 CASES = [  # (norm, shape): issue 43's shapes users train with
@@ -62,67 +73,12 @@ CASES = [  # (norm, shape): issue 43's shapes users train with
   ("instance", (32, 64, 64, 128)),
   ("layer", (32, 28, 28, 256)),  # LayerNorm over (H, W, C)
 ]
-LIBS = ("jaxnorm", "flax", "flax2")
 
 
-def tpu_mesh(topology: str, chips: int = 1) -> Mesh:
-  from jax.experimental import topologies  # noqa: PLC0415
-
-  devices = topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
-  return Mesh(np.array(devices[:chips]), ("d",))
-
-
-def gpu_mesh() -> Mesh:
-  import gpu_programs  # noqa: PLC0415
-  from jax.experimental import topologies  # noqa: PLC0415
-
-  topology = topologies.get_topology_desc(
-    platform="cuda", target_config=gpu_programs.H100, topology="1x1x1"
-  )
-  return topologies.make_mesh(topology, (1,), ("d",))
-
-
-def measure(compiled, nbytes: int, platform: str) -> tuple[int, float]:
-  """Kernels and bytes over |x| of a compiled program."""
-  text = compiled.as_text()
-  if platform == "gpu":
-    count, moved = hlo.kernels_and_bytes(text)
-    return count, moved / nbytes
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
-  return hlo.kernels(text), cost["bytes accessed"] / nbytes
-
-
-def programs(kind, shape, dtype, sharding):
-  """Each library's compiled forward and forward+backward: {(lib, pass): compiled}."""
-  dt = jnp.dtype(dtype)
-  x, cot = jax.eval_shape(lambda: bench_norms.inputs(kind, shape, dt))
-  x0 = x[0] if isinstance(x, tuple) else x
-  variables = jax.eval_shape(
-    lambda: bench_norms._module(nn, kind, len(shape), dt).init(
-      jax.random.key(0), jnp.zeros(x0.shape, x0.dtype)
-    )
-  )
-  rest = {k: v for k, v in variables.items() if k != "params"}
-  replicated = NamedSharding(sharding.mesh, P())
-
-  def abstract(tree, spec=replicated):
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=spec), tree)
-
-  params = abstract((variables["params"], rest))
-  xa, cota = abstract(x, sharding), abstract(cot, sharding)
-  out = {}
-  for lib in LIBS:
-    if lib == "flax2" and kind in ("rms", "add_rms", "batch_eval"):
-      continue  # (no variance)
-    module = bench_norms._module(jaxnorm if lib == "jaxnorm" else nn, kind, len(shape), dt)
-    if lib == "flax2":
-      module = module.clone(use_fast_variance=False)
-    forward = bench_norms.module_forward(module, kind, fused_add=lib == "jaxnorm")
-    fwd_bwd = bench_norms.forward_backward(forward)
-    out[(lib, "forward")] = jax.jit(forward).lower(params[0], xa, params[1]).compile()
-    out[(lib, "fwd+bwd")] = jax.jit(fwd_bwd).lower(params[0], xa, params[1], cota).compile()
-  return out, x0.size * dt.itemsize
+def abstract(tree, mesh: Mesh):
+  """``tree``'s arrays as shapes and dtypes, replicated over ``mesh`` (nothing to hold)."""
+  rep = NamedSharding(mesh, P())
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=rep), tree)
 
 
 def table(mesh: Mesh, platform: str, dtypes=("bfloat16", "float32")):
@@ -135,7 +91,7 @@ def table(mesh: Mesh, platform: str, dtypes=("bfloat16", "float32")):
   replicated = NamedSharding(mesh, P())
   for kind, shape in CASES:
     for dtype in dtypes:
-      progs, nbytes = programs(kind, shape, dtype, replicated)
+      progs, nbytes = programs.compiled(kind, shape, dtype, replicated)
       cells = []
       for pass_ in ("forward", "fwd+bwd"):
         got = {
@@ -173,25 +129,19 @@ def modern(mesh: Mesh, platform: str):
   )
   print("|---|---|---|---|---|---|---|")
   rng = np.random.default_rng(0)
-  replicated = NamedSharding(mesh, P())
-
-  def abstract(tree):
-    return jax.tree.map(
-      lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=replicated), tree
-    )
 
   rows = [(k, s) for k in ("adaln", "adarms", "dyt") for s in bench_modern.SHAPES.values()]
   for kind, shape in [*rows, ("renorm", (256, 56, 56, 64))]:
     for dtype in ("bfloat16", "float32"):
       dt = jnp.dtype(dtype)
-      x = abstract(jax.ShapeDtypeStruct(shape, dt))
+      x = abstract(jax.ShapeDtypeStruct(shape, dt), mesh)
       if kind == "renorm":
         forms = {}
         for name, module in (
           ("jaxnorm", jaxnorm.BatchRenorm(use_running_average=False, dtype=dt)),
           ("flax", nn.BatchNorm(use_running_average=False, dtype=dt)),
         ):  # fmt: skip
-          variables = abstract(jax.eval_shape(module.init, jax.random.key(0), x))
+          variables = abstract(jax.eval_shape(module.init, jax.random.key(0), x), mesh)
           rest = {k: v for k, v in variables.items() if k != "params"}
           forms[name] = (
             lambda p, x, _, m=module: m.apply({**p[1], "params": p[0]}, x, mutable=list(p[1]))[0],
@@ -199,14 +149,14 @@ def modern(mesh: Mesh, platform: str):
           )
         forms["by hand"] = (renorm_by_hand, forms["jaxnorm"][1])
       else:
-        params = abstract(bench_modern.params_for(kind, shape, rng))
+        params = abstract(bench_modern.params_for(kind, shape, rng), mesh)
         written = bench_modern.forms(kind)
         forms = {n: (written[n], params) for n in ("jaxnorm", "flax", "jnp") if n in written}
       cells = []
       for pass_ in ("forward", "fwd+bwd"):
         got = []
         for fn, params in forms.values():
-          f = fn if pass_ == "forward" else bench_norms.forward_backward(fn)
+          f = fn if pass_ == "forward" else forward_backward(fn)
           args = (params, x, None) if pass_ == "forward" else (params, x, None, x)
           got.append(
             measure(jax.jit(f).lower(*args).compile(), math.prod(shape) * dt.itemsize, platform)
@@ -217,26 +167,6 @@ def modern(mesh: Mesh, platform: str):
         f"| {kind} | {'×'.join(map(str, shape))} | {dtype} | " + " | ".join(cells) + " |",
         flush=True,
       )
-
-
-def renorm_by_hand(p, x, _=None, epsilon=1e-5):
-  """Batch Renorm's training output as a Flax user writes it without jaxnorm (Flax has
-  none): Flax BatchNorm's one-pass statistics, the paper's ``r`` and ``d`` at
-  :func:`jaxnorm.renorm_limits` of the step counter; ``p`` is ``(params, batch_stats)``
-  of :class:`jaxnorm.BatchRenorm`."""
-  (params, rest), axes = p, tuple(range(x.ndim - 1))
-  xf = x.astype(jnp.float32)
-  mean = xf.mean(axes, keepdims=True)
-  var = jnp.maximum((xf * xf).mean(axes, keepdims=True) - mean * mean, 0.0)
-  running, gamma, beta = (
-    a.reshape(mean.shape) for a in (rest["batch_stats"]["mean"], params["scale"], params["bias"])
-  )
-  r_max, d_max = jaxnorm.renorm_limits(rest["batch_stats"]["steps"])
-  sigma = jnp.sqrt(rest["batch_stats"]["var"].reshape(mean.shape) + epsilon)
-  r = jax.lax.stop_gradient(jnp.clip(jnp.sqrt(var + epsilon) / sigma, 1 / r_max, r_max))
-  d = jax.lax.stop_gradient(jnp.clip((mean - running) / sigma, -d_max, d_max))
-  y = (xf - mean) * jax.lax.rsqrt(var + epsilon) * r + d
-  return (y * gamma + beta).astype(x.dtype)
 
 
 SHARDED = [  # (norm, shape, layout) on 4 chips: issue 43's point 2
@@ -260,13 +190,11 @@ def sharded(mesh2: Mesh, platform: str = "tpu"):
   print("|---|---|---|---|---|---|---|---|")
   for kind, shape, spec in SHARDED:
     sharding = NamedSharding(mesh2, spec)
-    progs, nbytes = programs(kind, shape, "float32", sharding)
+    progs, nbytes = programs.compiled(kind, shape, "float32", sharding)
     shard = nbytes * math.prod(sharding.shard_shape(shape)) // math.prod(shape)
     cells, costs, gathers = [], [], 0
     for pass_ in ("forward", "fwd+bwd"):
-      counts = [
-        sum(hlo.count(progs[(lib, pass_)].as_text()).values()) for lib in ("jaxnorm", "flax")
-      ]
+      counts = [sum(count(progs[(lib, pass_)].as_text()).values()) for lib in ("jaxnorm", "flax")]
       flag = " **" if counts[0] > counts[1] else ""
       cells.append(f"{counts[0]} / {counts[1]}{flag}")
       each = [measure(progs[(lib, pass_)], shard, platform) for lib in ("jaxnorm", "flax")]
@@ -286,24 +214,18 @@ def sharded(mesh2: Mesh, platform: str = "tpu"):
 
 
 def stacks(mesh: Mesh, platform: str, repeats: int = 7):
-  """The model stacks' table (:mod:`bench_scale`'s UNet, ResNet stage, Transformer and
+  """The model stacks' table (``tests/models.py``'s UNet, ResNet stage, Transformer and
   ResNet-50; inference and training step): jaxnorm against Flax, fusions, kernels
-  (:func:`hlo.kernels_and_bytes` on GPUs, :func:`hlo.kernels` on TPUs), jaxnorm's
+  (:func:`kernels_and_bytes` on GPUs, :func:`kernels` on TPUs), jaxnorm's
   conditionals and the medians of interleaved lower and compile times (caches cleared:
   what a new shape costs), issue 53's point 2."""
-  import bench_scale  # noqa: PLC0415 (only for --stacks)
-
-  count = (lambda t: hlo.kernels_and_bytes(t)[0]) if platform == "gpu" else hlo.kernels
-  rep = NamedSharding(mesh, P())
-
-  def abstract(tree):
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), tree)
+  count_kernels = (lambda t: kernels_and_bytes(t)[0]) if platform == "gpu" else kernels
 
   print("| model | program | fusions | kernels | conditionals | lower s | compile s | ratio |")
   print("|---|---|---|---|---|---|---|---|")
-  for name, cls, shape in bench_scale.MODELS:
+  for name, cls, shape in models.MODELS:
     libs = {"jaxnorm": jaxnorm, "flax": nn}
-    progs = {k: bench_scale._programs(cls, lib, shape) for k, lib in libs.items()}
+    progs = {k: models.programs(cls, lib, shape) for k, lib in libs.items()}
     for program in ("inference", "training"):
       times: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in libs}
       texts = {}
@@ -312,21 +234,82 @@ def stacks(mesh: Mesh, platform: str, repeats: int = 7):
           f, v, x = progs[k][program]
           jax.clear_caches()
           start = time.perf_counter()
-          lowered = jax.jit(f).lower(abstract(v), abstract(x))
+          lowered = jax.jit(f).lower(abstract(v, mesh), abstract(x, mesh))
           mid = time.perf_counter()
           texts[k] = lowered.compile().as_text()
           times[k][0].append(mid - start)
           times[k][1].append(time.perf_counter() - mid)
       low, comp = ({k: float(np.median(times[k][j])) for k in libs} for j in (0, 1))
       fusions = {k: len(re.findall(r"\sfusion\(", t)) for k, t in texts.items()}
-      kernels = {k: count(t) for k, t in texts.items()}
+      launched = {k: count_kernels(t) for k, t in texts.items()}
       ratio = (low["jaxnorm"] + comp["jaxnorm"]) / (low["flax"] + comp["flax"])
       cells = (
-        [f"{d['jaxnorm']} / {d['flax']}" for d in (fusions, kernels)]
+        [f"{d['jaxnorm']} / {d['flax']}" for d in (fusions, launched)]
         + [str(texts["jaxnorm"].count(" conditional("))]
         + [f"{d['jaxnorm']:.3f} / {d['flax']:.3f}" for d in (low, comp)]
       )
       print(f"| {name} | {program} | " + " | ".join(cells) + f" | {ratio:.2f} |", flush=True)
+
+
+# The Pallas row kernels against XLA (issue 55): the suite's training shapes and the
+# issue's (1024 × 1024, 32768 × 2048, 4096 × 16384).
+PALLAS_CASES = [
+  *((k, s, d) for d in ("bfloat16", "float32") for k, s in (
+    ("rms", (8192, 4096)), ("layer", (16384, 768)), ("add_rms", (8192, 4096)),
+    ("layer", (1024, 1024)), ("layer", (32768, 2048)), ("layer", (4096, 16384)),
+  )),
+]  # fmt: skip
+
+
+def _row_norm(kind, implementation, dtype):
+  """A row norm of its input(s) and parameters (γ, and β for LayerNorm), its output in
+  the activations' ``dtype`` (float32 parameters)."""
+  kw = dict(implementation=implementation, dtype=dtype)
+  if kind == "rms":
+    return lambda x, g: jaxnorm.rms_norm(x, g, **kw)
+  if kind == "add_rms":
+    return lambda x, r, g: jaxnorm.add_rms_norm(x, r, g, **kw)
+  return lambda x, g, b: jaxnorm.layer_norm(x, g, b, **kw)
+
+
+def pallas(mesh):
+  """jaxnorm's Pallas row kernels and its XLA path compiled for the H100: kernels (Triton
+  custom calls among them) and the bytes model, against the least traffic of the pass
+  (:func:`bench_norms.floor_kernels`' credit, in |x|)."""
+  print("| norm | shape | dtype | pass | XLA kernels | XLA bytes | Pallas kernels (Triton) "
+        "| Pallas bytes | least traffic |")  # fmt: skip
+  print("|---|---|---|---|---|---|---|---|---|")
+  for kind, shape, dtype in PALLAS_CASES:
+    dt = jnp.dtype(dtype)
+    x, cot = jax.eval_shape(functools.partial(programs.inputs, kind, shape, dt))
+    d = shape[-1]
+    params = [jax.ShapeDtypeStruct((d,), jnp.float32)] * (2 if kind == "layer" else 1)
+    inputs = [*(x if isinstance(x, tuple) else (x,)), *params]
+    x_bytes = shape[0] * d * dt.itemsize
+    floors = {p: sum(b for _, _, b in k) for p, k in bench_norms.floor_kernels(x, cot).items()}
+    for pass_ in ("forward", "fwd+bwd"):
+      cells = []
+      for impl in ("xla", "pallas"):
+        f = _row_norm(kind, impl, dt)
+        if pass_ == "forward":
+          fn = f
+          args = inputs
+        else:
+
+          def fn(*a, f=f):
+            *primals, ct = a
+            y, vjp = jax.vjp(f, *primals)
+            return y, vjp(ct)
+
+          args = [*inputs, cot]
+        text = jax.jit(fn).lower(*abstract(args, mesh)).compile().as_text()
+        launched, moved = kernels_and_bytes(text)
+        triton = text.count('custom_call_target="__gpu$xla.gpu.triton"')
+        cells += [f"{launched}" + (f" ({triton})" if impl == "pallas" else ""),
+                  f"{moved / x_bytes:.2f}"]  # fmt: skip
+      shape_text = "×".join(map(str, shape))
+      print(f"| {kind} | {shape_text} | {dtype} | {pass_} | " + " | ".join(cells)
+            + f" | {floors[pass_] / x_bytes:.2f} |", flush=True)  # fmt: skip
 
 
 def main():
@@ -336,24 +319,32 @@ def main():
   parser.add_argument("--sharded", action="store_true")
   parser.add_argument("--modern", action="store_true")
   parser.add_argument("--stacks", action="store_true")
+  parser.add_argument("--pallas", action="store_true", help="(--platform gpu)")
   args = parser.parse_args()
   versions = f"jax {jax.__version__}, flax {__import__('flax').__version__}"
   if args.sharded:
-    from jax.experimental import topologies  # noqa: PLC0415
-
     if args.platform == "tpu":
-      devices = topologies.get_topology_desc(topology_name=args.topology, platform="tpu").devices
+      chips = devices.tpu_mesh(args.topology, 4).devices
     else:
-      import gpu_programs  # noqa: PLC0415
-
-      devices = topologies.get_topology_desc(
-        platform="cuda", target_config=gpu_programs.H100, topology="1x1x4"
-      ).devices
-    mesh2 = Mesh(np.array(devices[:4]).reshape(2, 2), ("d", "d2"))
+      chips = np.array(devices.h100_devices(4))
+    mesh2 = Mesh(chips.reshape(2, 2), ("d", "d2"))
     where = args.topology if args.platform == "tpu" else "4 × H100"
     print(f"# Collectives on a 4-chip {where}, jaxnorm / Flax ({versions})\n")
     return sharded(mesh2, args.platform)
-  mesh = tpu_mesh(args.topology) if args.platform == "tpu" else gpu_mesh()
+  mesh = (
+    devices.tpu_mesh(args.topology)
+    if args.platform == "tpu"
+    else Mesh(np.array(devices.h100_devices()), ("d",))
+  )
+  if args.pallas:
+    if args.platform != "gpu":
+      parser.error("--pallas compiles the GPU row kernels: add --platform gpu")
+    print(
+      f"# {mesh.devices.flat[0].device_kind}: Pallas row kernels and the XLA path ({versions})\n"
+    )
+    print("Kernels (Triton calls among them) and bytes over |x|; the least traffic of each pass:")
+    print("bench_norms.floor_kernels' credit.\n")
+    return pallas(mesh)
   if args.stacks:
     print(f"# {mesh.devices.flat[0].device_kind}: model stacks, jaxnorm / Flax ({versions})\n")
     print("Fusions (every fusion instruction), kernels, jaxnorm's conditionals, medians of")

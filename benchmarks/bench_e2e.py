@@ -33,6 +33,7 @@ try:
 except RuntimeError:
   pass
 
+import bench_norms  # noqa: E402
 import flax.linen as nn  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
@@ -177,7 +178,7 @@ def resnet_step(lib, batch=32):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", default="benchmarks/results")
+  ap.add_argument("--out", default=None, help="default: benchmarks/results/<device>/")
   ap.add_argument("--repeats", type=int, default=7)
   args = ap.parse_args(argv)
   dev = jax.devices()[0]
@@ -208,8 +209,9 @@ def main(argv=None):
       f"ratio {row['ratio']:.3f}  (loss {row['loss_jaxnorm']:.5f} vs {row['loss_flax']:.5f})",
       flush=True,
     )
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "bench_e2e.json"), "w") as f:
+  out = args.out or bench_norms.results_dir(dev)
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, "bench_e2e.json"), "w") as f:
     json.dump(
       dict(device=device, jax=jax.__version__, repeats=args.repeats, rows=rows), f, indent=1
     )

@@ -31,9 +31,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_norms import analyse, forward_backward, timed
+from bench_norms import analyse, timed
 
 import jaxnorm
+from tests.programs import forward_backward  # (bench_norms put the repository on the path)
 
 SHAPES = {"dit_xl": (8, 256, 1152), "gpt2": (16, 512, 768)}
 EPS = 1e-6

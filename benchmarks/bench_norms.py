@@ -25,8 +25,8 @@ tables give every implementation's time and jaxnorm's against the best peer (the
 Flax and the libraries).
 
 Writes ``bench_norms.json``, ``bench_norms.md`` (tables) and ``bench_norms.png`` into
-``--out`` (by default ``benchmarks/results``; a subset — ``--only``, ``--quick`` or one
-dtype — into ``benchmarks/results/partial``, never over the committed full tables) and says
+``--out`` (by default ``benchmarks/results/<device>``; a subset — ``--only``, ``--quick`` or
+one dtype — into its ``partial`` folder, never over the committed full tables) and says
 which device it measured; runs unchanged on a GPU or TPU.
 
   python benchmarks/bench_norms.py [--out DIR] [--repeats 15] [--quick]
@@ -40,6 +40,8 @@ import json
 import math
 import os
 import platform
+import re
+import sys
 import time
 
 import flax.linen as nn
@@ -53,6 +55,10 @@ try:  # run as a script: benchmarks/ is on the path
   import peers
 except ImportError:  # imported as benchmarks.bench_norms
   from benchmarks import peers
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The case grid the compiled-program tests count: the same modules, inputs and passes.
+from tests.programs import forward_backward, inputs, module, module_forward  # noqa: E402
 
 SHAPES = {
   "tfm768": (16, 512, 768),
@@ -113,23 +119,6 @@ def _plain(kind, dtype):
   return fn
 
 
-def _module(lib, kind, ndim, dtype):
-  kw = {} if dtype == jnp.float32 else {"dtype": dtype}
-  if kind == "batch_train":
-    return lib.BatchNorm(use_running_average=False, **kw)
-  if kind == "batch_eval":
-    return lib.BatchNorm(use_running_average=True, **kw)
-  if kind in ("layer", "add_layer"):
-    return lib.LayerNorm(reduction_axes=(1, 2, 3), **kw) if ndim == 4 else lib.LayerNorm(**kw)
-  if kind in ("rms", "add_rms"):
-    return lib.RMSNorm(**kw)
-  if kind == "group":
-    return lib.GroupNorm(num_groups=32, **kw)
-  if kind == "instance":
-    return lib.InstanceNorm(**kw)
-  raise ValueError(kind)
-
-
 CASES = [  # (norm, shape)
   *((k, s) for s in ("tfm768", "tfm4096") for k in ("layer", "rms", "batch_train", "batch_eval")),
   *(
@@ -145,48 +134,6 @@ CASES = [  # (norm, shape)
 ]
 
 
-def inputs(kind, shape, dtype):
-  """The input (a pair ``(x, residual)`` for Add & Norm, the residual in float32) and a
-  random cotangent of the output (a pair for Add & Norm)."""
-  x = jax.random.normal(jax.random.key(1), shape, jnp.float32).astype(dtype)
-  cot = jax.random.normal(jax.random.key(2), shape, jnp.float32).astype(dtype)
-  if not kind.startswith("add_"):
-    return x, cot
-  residual = jax.random.normal(jax.random.key(3), shape, jnp.float32)
-  return (x, residual), (cot, jax.random.normal(jax.random.key(4), shape, jnp.float32))
-
-
-def module_forward(module, kind, fused_add):
-  """``forward(params, x, rest)`` of a norm module as the suite times it: BatchNorm
-  training with its statistics mutable (the output alone returned); Add & Norm as
-  jaxnorm's fused call (``fused_add``) or as Flax's add, then the norm."""
-  add = kind.startswith("add_")
-  mutable = ["batch_stats"] if kind == "batch_train" else False
-
-  def forward(params, x, rest):
-    v = {"params": params, **rest}
-    if add and fused_add:
-      return module.apply(v, x[0], residual=x[1])
-    if add:  # Flax: the add, then the norm
-      h = x[0].astype(jnp.float32) + x[1]
-      return module.apply(v, h), h
-    out = module.apply(v, x, mutable=mutable)
-    return out[0] if mutable else out
-
-  return forward
-
-
-def forward_backward(forward):
-  """``fwd_bwd(params, x, rest, cot)``: the output and the VJP of ``cot`` w.r.t. the
-  parameters and the input."""
-
-  def fwd_bwd(params, x, rest, cot):
-    y, vjp = jax.vjp(lambda p, x: forward(p, x, rest), params, x)
-    return y, vjp(cot)
-
-  return fwd_bwd
-
-
 def build(kind, x, dtype, cot, libs=None, pallas=False):
   """Returns {impl: (forward, fwd+bwd, args, cotangent)} for jaxnorm, flax, plain jnp and
   the peers in ``libs`` (:mod:`peers`; each is first checked to compute Flax's output);
@@ -199,17 +146,17 @@ def build(kind, x, dtype, cot, libs=None, pallas=False):
   if pallas and peers.norm_kind(kind) in ("layer", "rms") and x0.ndim == 3:
     front_ends.append(("jaxnorm-pallas", jaxnorm))
   for name, lib in front_ends:
-    module = _module(lib, kind, x0.ndim, dtype)
+    norm = module(lib, kind, x0.ndim, dtype)
     if name == "jaxnorm-pallas":
-      module = module.clone(implementation="pallas")
-    variables = _module(nn, kind, x0.ndim, dtype).init(jax.random.key(0), x0)
+      norm = norm.clone(implementation="pallas")
+    variables = module(nn, kind, x0.ndim, dtype).init(jax.random.key(0), x0)
     if "batch_stats" in variables:  # non-trivial running statistics for inference
       variables["batch_stats"] = {
         "mean": jnp.full_like(variables["batch_stats"]["mean"], 0.1),
         "var": jnp.full_like(variables["batch_stats"]["var"], 1.5),
       }
     rest = {k: v for k, v in variables.items() if k != "params"}
-    forward = module_forward(module, kind, fused_add=name.startswith("jaxnorm"))
+    forward = module_forward(norm, kind, fused_add=name.startswith("jaxnorm"))
     impls[name] = (forward, variables["params"], rest)
   plain = _plain(kind, dtype)
   params = dict(impls["flax"][1])
@@ -351,13 +298,26 @@ def selected(only):
   return cases
 
 
-def output_dir(out, partial):
-  """Where a run writes: ``out`` as given, else ``benchmarks/results`` for a full run and
-  ``benchmarks/results/partial`` (not committed) for a subset (``--only``, ``--quick``, one
-  dtype), so that a subset never overwrites the committed full tables."""
+def device_name(device) -> str:
+  """A folder name for the device: ``nvidia-h100-80gb-hbm3``, ``cpu``."""
+  if device.platform == "cpu":
+    return "cpu"
+  return re.sub(r"[^a-z0-9]+", "-", device.device_kind.lower()).strip("-")
+
+
+def results_dir(device) -> str:
+  """``benchmarks/results/<device>``: where every runner's results for ``device`` go."""
+  return os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", device_name(device))
+
+
+def output_dir(out, partial, device=None):
+  """Where a run writes: ``out`` as given, else :func:`results_dir` of the device
+  (``benchmarks/results/cpu`` on a CPU) for a full run and its ``partial`` folder (not
+  committed) for a subset (``--only``, ``--quick``, one dtype), so that a subset never
+  overwrites the committed full tables."""
   if out is not None:
     return out
-  return os.path.join("benchmarks", "results", *(["partial"] if partial else []))
+  return os.path.join(results_dir(device or jax.devices()[0]), *(["partial"] if partial else []))
 
 
 def run(shapes, repeats, dtypes, only=None, libs=None, pallas=False):
@@ -560,7 +520,9 @@ def _implementations(rows):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--out", default=None, help="default: benchmarks/results (a subset: ./partial)")
+  ap.add_argument(
+    "--out", default=None, help="default: benchmarks/results/<device> (a subset: its partial/)"
+  )
   ap.add_argument("--repeats", type=int, default=15)
   ap.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
   ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))

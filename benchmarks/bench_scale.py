@@ -40,24 +40,10 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import jaxnorm  # noqa: E402
 import jaxnorm.nnx as jnnx  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import hlo  # noqa: E402
-
-SEQ, CNN = (8, 128, 256), (8, 16, 16, 64)
-
-
-def _median_pair(fa, fb, repeats):
-  """Medians of interleaved timings of two thunks (each run once first)."""
-  for f in (fa, fb):
-    jax.block_until_ready(f())
-  ta, tb = [], []
-  for i in range(repeats):
-    for f, t in ((fa, ta), (fb, tb)) if i % 2 == 0 else ((fb, tb), (fa, ta)):
-      start = time.perf_counter()
-      jax.block_until_ready(f())
-      t.append(time.perf_counter() - start)
-  return float(np.median(ta)), float(np.median(tb))
-
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.bench_norms import timed  # noqa: E402 (the one interleaved timer)
+from tests import hlo  # noqa: E402 (one counter, the tests' own)
+from tests.models import CNN, MODELS, SEQ, ResNet50, programs  # noqa: E402
 
 # --- eager calls -------------------------------------------------------------------------
 
@@ -90,7 +76,7 @@ def eager(repeats):
       v = m.init(jax.random.key(0), x)
       mutable = ["batch_stats"] if "train" in name else False
       calls.append(lambda m=m, v=v, x=x, mutable=mutable: m.apply(v, x, mutable=mutable))
-    ours, flax = _median_pair(*calls, repeats)
+    ours, flax = timed(dict(zip(("jaxnorm", "flax"), calls, strict=True)), repeats).values()
     rows.append(("linen", name, ours, flax))
   for name, make, shape, mode in NNX:
     x = jnp.asarray(rng.normal(size=shape).astype(np.float32))
@@ -100,7 +86,7 @@ def eager(repeats):
       if mode == "eval":
         m.eval()
       calls.append(lambda m=m, x=x: m(x))
-    ours, flax = _median_pair(*calls, repeats)
+    ours, flax = timed(dict(zip(("jaxnorm", "flax"), calls, strict=True)), repeats).values()
     rows.append(("nnx", name, ours, flax))
   print("\n## Eager (un-jitted) calls: median µs, jaxnorm / Flax\n")
   print("| API | module | jaxnorm µs | Flax µs | ratio |\n|---|---|---|---|---|")
@@ -215,83 +201,7 @@ def reads():
       )
 
 
-# --- compile time of small models --------------------------------------------------------
-
-
-class UNetStack(nn.Module):
-  """Convolutions and GroupNorms at two resolutions, as in a diffusion UNet."""
-
-  lib: object
-  blocks: int = 10
-
-  @nn.compact
-  def __call__(self, x, train=False):
-    for i in range(self.blocks):
-      x = nn.Conv(64, (3, 3))(x)
-      x = nn.silu(self.lib.GroupNorm(num_groups=16)(x))
-      if i == self.blocks // 2:
-        x = nn.avg_pool(x, (2, 2), (2, 2))
-    return x
-
-
-class ResNetStack(nn.Module):
-  """Convolution, BatchNorm, ReLU blocks with residuals, as in a ResNet stage."""
-
-  lib: object
-  blocks: int = 8
-
-  @nn.compact
-  def __call__(self, x, train=False):
-    x = nn.Conv(64, (3, 3))(x)
-    for _ in range(self.blocks):
-      h = nn.relu(self.lib.BatchNorm(use_running_average=not train)(nn.Conv(64, (3, 3))(x)))
-      x = x + self.lib.BatchNorm(use_running_average=not train)(nn.Conv(64, (3, 3))(h))
-    return x
-
-
-class TransformerStack(nn.Module):
-  """Pre-LN Transformer blocks (attention and MLP) with LayerNorm."""
-
-  lib: object
-  blocks: int = 6
-
-  @nn.compact
-  def __call__(self, x, train=False):
-    for _ in range(self.blocks):
-      x = x + nn.SelfAttention(num_heads=4)(self.lib.LayerNorm()(x))
-      x = x + nn.Dense(256)(nn.gelu(nn.Dense(1024)(self.lib.LayerNorm()(x))))
-    return self.lib.LayerNorm()(x)
-
-
-class ResNet50(nn.Module):
-  """ResNet-50 (He et al. 2016): bottleneck blocks of 3, 4, 6, 3, 53 BatchNorms."""
-
-  lib: object
-  classes: int = 10
-
-  @nn.compact
-  def __call__(self, x, train=False):
-    def bn(h, zero=False):
-      init = nn.initializers.zeros if zero else nn.initializers.ones
-      return self.lib.BatchNorm(use_running_average=not train, scale_init=init)(h)
-
-    x = nn.relu(bn(nn.Conv(64, (7, 7), (2, 2), use_bias=False)(x)))
-    x = nn.max_pool(x, (3, 3), (2, 2), "SAME")
-    for stage, (blocks, width) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512), strict=True)):
-      for b in range(blocks):
-        stride = (2, 2) if stage > 0 and b == 0 else (1, 1)
-        h = nn.relu(bn(nn.Conv(width, (1, 1), use_bias=False)(x)))
-        h = nn.relu(bn(nn.Conv(width, (3, 3), stride, use_bias=False)(h)))
-        h = bn(nn.Conv(4 * width, (1, 1), use_bias=False)(h), zero=True)
-        if b == 0:
-          x = bn(nn.Conv(4 * width, (1, 1), stride, use_bias=False)(x))
-        x = nn.relu(x + h)
-    return nn.Dense(self.classes)(jnp.mean(x, (1, 2)))
-
-
-MODELS = [("UNet (GroupNorm)", UNetStack, CNN), ("ResNet (BatchNorm)", ResNetStack, CNN),
-          ("Transformer (LayerNorm)", TransformerStack, SEQ),
-          ("ResNet-50 (BatchNorm)", ResNet50, (8, 64, 64, 3))]  # fmt: skip
+# --- whole models (tests/models.py): collectives and compile time -------------------------
 
 
 def resnet50_collectives():
@@ -305,29 +215,11 @@ def resnet50_collectives():
     mesh = jax.make_mesh((8,), ("data",), axis_types=(mode,))
     cells = []
     for lib in (jaxnorm, nn):
-      f, v, _ = _programs(ResNet50, lib, x.shape)["training"]
+      f, v, _ = programs(ResNet50, lib, x.shape)["training"]
       with jax.set_mesh(mesh):
         xs = jax.device_put(x, NamedSharding(mesh, P("data")))
         cells.append(count_ops(jax.jit(f).lower(v, xs).compile().as_text()))
     print(f"| {mode.name} | {_fmt(cells[0])} | {_fmt(cells[1])} |")
-
-
-def _programs(model_cls, lib, shape):
-  x = jnp.asarray(np.random.default_rng(0).normal(size=shape).astype(np.float32))
-  model = model_cls(lib)
-  v = model.init(jax.random.key(0), x)
-
-  def infer(v, x):
-    return model.apply(v, x)
-
-  def train(v, x):
-    def loss(p):
-      out = model.apply({**v, "params": p}, x, train=True, mutable=["batch_stats"])
-      return jnp.mean(out[0] ** 2), out[1]
-
-    return jax.grad(loss, has_aux=True)(v["params"])  # (the running statistics too)
-
-  return {"inference": (infer, v, x), "training": (train, v, x)}
 
 
 def compile_times(repeats):
@@ -337,7 +229,7 @@ def compile_times(repeats):
   )
   print("|---|---|---|---|---|---|---|---|")
   for name, cls, shape in MODELS:
-    ours, theirs = _programs(cls, jaxnorm, shape), _programs(cls, nn, shape)
+    ours, theirs = programs(cls, jaxnorm, shape), programs(cls, nn, shape)
     for program in ("inference", "training"):
       times: dict[str, list[tuple[float, ...]]] = {"ours": [], "flax": []}
       texts = {}

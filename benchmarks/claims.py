@@ -3,12 +3,12 @@ sample of a distribution: a re-run on fresh seeds once found 3.1e-7 where the RE
 2.5e-7 "at most").
 
 Each claim is a bound the README states with what ``--seeds`` draws gave; jaxnorm's are
-checked by ``tests/test_claims.py`` on seeds this script does not use (it starts at 0,
-the test at 10,000), and the test fails when one falls outside its bound. Flax's and
+checked by ``benchmarks/tests/test_claims.py`` on seeds this script does not use (it starts
+at 0, the test at 10,000), and the test fails when one falls outside its bound. Flax's and
 Equinox's figures are printed here and never asserted (a test must not break when they
 fix a bug).
 
-  python benchmarks/claims.py [--seeds 20] > benchmarks/results/claims.md
+  python benchmarks/claims.py [--seeds 20] > benchmarks/results/cpu/claims.md
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
 #   bash benchmarks/device_run.sh "$OUT"      # then: tar xzf device_run.tgz -C results/<device>/
 #
 # SMOKE=1 runs the same plumbing on tiny shapes on a CPU in seconds, without the tests
-# (tests/test_gpu_suite.py), so that the script does not rot between device runs.
+# (benchmarks/tests/test_gpu_suite.py), so that the script does not rot between device runs.
 set -uo pipefail
 out=${1:?usage: device_run.sh OUT_FOLDER}
 python=${PYTHON:-python3}

@@ -14,8 +14,8 @@ Three ways to time one jitted ``fn(*args)``, reported side by side by ``gpu_suit
   figure earlier H100 tables quoted; its own column, labelled as such.
 
 Each iteration depending on the previous one's output, the compiler can neither drop nor
-hoist one: the program returns ``n`` chained applications (``tests/test_devtime.py``
-checks that).
+hoist one: the program returns ``n`` chained applications
+(``benchmarks/tests/test_devtime.py`` checks that).
 """
 
 from __future__ import annotations

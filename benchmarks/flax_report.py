@@ -19,7 +19,7 @@ defects are reported here, never asserted, so jaxnorm's CI does not depend on th
 
 Every figure is a range over draws (and shapes), never one draw.
 
-  python benchmarks/flax_report.py > benchmarks/results/flax_report.md
+  python benchmarks/flax_report.py > benchmarks/results/cpu/flax_report.md
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ seconds): the GPU layouts of the Pallas kernels per row length and dtype, and th
 ``GPU_TABLE`` entries the run supports. Raw results (JSON and a Markdown table, with the
 device's name) go to ``benchmarks/results/<device>/``; ``--budget`` seconds bound the run
 (cases in ``SUITE``'s order, the rest listed as skipped); ``--smoke`` runs tiny shapes on
-the CPU in seconds (``tests/test_gpu_suite.py``), so that the suite never rots between GPU
-runs.
+the CPU in seconds (``benchmarks/tests/test_gpu_suite.py``), so that the suite never rots
+between GPU runs.
 
 ``--variant NAME`` runs an engine alternative of ``variants.py`` on its cases alone (into
 ``gpu_suite_NAME.*``), to be read against the shipped engine's rows of the same device
@@ -50,12 +50,14 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_modern  # noqa: E402
-import bench_norms  # noqa: E402
+import bench_norms  # noqa: E402 (puts the repository on the path: tests' case grid)
 import devtime  # noqa: E402
 import pallas_device_check  # noqa: E402
 import pallas_tune  # noqa: E402
 import peers  # noqa: E402
 import variants  # noqa: E402
+
+from tests import programs  # noqa: E402
 
 BF16, F32 = jnp.bfloat16, jnp.float32
 SUITE = [  # (shape's name, norm, shape, dtype), in the order they run
@@ -92,13 +94,6 @@ SMOKE = [
 PASSES = ("forward", "fwd+bwd")
 
 
-def device_name(device) -> str:
-  """A folder name for the device: ``nvidia-h100-80gb-hbm3``, ``cpu``."""
-  if device.platform == "cpu":
-    return "cpu"
-  return re.sub(r"[^a-z0-9]+", "-", device.device_kind.lower()).strip("-")
-
-
 def copy_bandwidth(nbytes: int, n: int, min_seconds: float) -> float:
   """Bytes per second of a copy-like kernel (read x, write y) over ``nbytes`` of float32,
   timed as every case is."""
@@ -117,7 +112,7 @@ def measure_case(
     x0, impls = bench_modern.build(kind, shape, dtype)
     x, cot = x0, x0 * 0.5 + 1
   else:
-    x, cot = bench_norms.inputs(kind, shape, dtype)
+    x, cot = programs.inputs(kind, shape, dtype)
     impls = bench_norms.build(kind, x, dtype, cot, libs=libs, pallas=pallas)
   floors = bench_norms.floor_kernels(x, cot)
   rows = []
@@ -274,7 +269,7 @@ def main(argv=None):
   libs = {} if args.smoke else peers.available()
   copy_bw = copy_bandwidth((1 << 20) if args.smoke else (1 << 30), n, min_seconds)
   print(f"{device.device_kind}: copy {copy_bw / 1e9:.0f} GB/s", flush=True)
-  out = args.out or os.path.join(os.path.dirname(__file__), "results", device_name(device))
+  out = args.out or bench_norms.results_dir(device)
   os.makedirs(out, exist_ok=True)
   excluded_before = len(bench_norms.EXCLUDED)  # (this run's exclusions: those after it)
   checked = None  # (the Pallas kernels' outputs against float64 first: on a CPU, the smoke's)

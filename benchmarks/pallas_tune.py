@@ -29,11 +29,12 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_norms  # noqa: E402
+import bench_norms  # noqa: E402 (puts the repository on the path: tests' case grid)
 import devtime  # noqa: E402
 
 import jaxnorm  # noqa: E402
 from jaxnorm._engine import pallas as _pallas  # noqa: E402
+from tests import programs  # noqa: E402
 
 # (row length, dtype), in the order they run (a budget may stop it): bfloat16 first, Llama's
 # and GPT-2's rows (768 pads to 1,024) first
@@ -71,7 +72,7 @@ def measure_cell(d, dtype, layouts, n, min_seconds, deadline, elements=ELEMENTS)
   ``deadline``)."""
   dtype = jnp.dtype(dtype)
   rows = max(8, elements // d)
-  x, ct = bench_norms.inputs("layer", (rows, d), dtype)
+  x, ct = programs.inputs("layer", (rows, d), dtype)
   g, b = jnp.ones((d,), jnp.float32), jnp.zeros((d,), jnp.float32)
   args = (x, g, b, ct)
   floor = sum(
@@ -182,9 +183,8 @@ def main(argv=None):
     method=cells[0]["method"] if cells else "none",
     smoke=args.smoke,
   )
-  from gpu_suite import device_name  # noqa: PLC0415 (gpu_suite imports this module)
 
-  out = args.out or os.path.join(os.path.dirname(__file__), "results", device_name(device))
+  out = args.out or bench_norms.results_dir(device)
   os.makedirs(out, exist_ok=True)
   serial = {f"{k[0]},{k[1]}": list(v) for k, v in table.items()}
   with open(os.path.join(out, "pallas_tune.json"), "w") as f:

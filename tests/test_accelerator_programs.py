@@ -19,10 +19,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxnorm
-from benchmarks import accelerator_programs as programs
-from benchmarks import hlo
+from tests import hlo, models, programs
 from tests import reference as ref
-from tests.devices import h100_mesh, tpu_devices
+from tests.devices import h100_devices, h100_mesh, tpu_devices
 
 NORMS = [  # (name, module factory, shape, reduced axes, ε)
   ("batch", lambda m: m.BatchNorm(use_running_average=False), (16, 4, 4, 8), (0, 1, 2), 1e-5),
@@ -324,7 +323,7 @@ def test_sharded_program_hits_the_persistent_cache_in_a_second_process(tmp_path)
 # -- TPU programs, compiled without a TPU (libtpu) -----------------------------------------
 
 
-TPU_NORMS = [  # (bench_norms kind, shape): bench_norms._module's BatchNorm, LayerNorm, ...
+TPU_NORMS = [  # (programs kind, shape): ``programs.module``'s BatchNorm, LayerNorm, ...
   ("batch_train", (32, 16, 16, 128)),
   ("layer", (8, 256, 768)),
   ("rms", (8, 256, 768)),
@@ -347,7 +346,7 @@ _SMALL_GROUPS = pytest.mark.xfail(
   [pytest.param(*c, id=c[0], marks=_SMALL_GROUPS if c[0] == "group" else ()) for c in TPU_NORMS],
 )
 def test_tpu_programs_cost_what_flax_costs(kind, shape, dtype):
-  """Compiled for a TPU v5e (``benchmarks/accelerator_programs.py``'s programs and counts):
+  """Compiled for a TPU v5e (``tests/programs.py``'s programs, counted by ``tests/hlo.py``):
   jaxnorm's forward and forward+backward move no more bytes than Flax's default
   (approximate) program and launch no more kernels than Flax's default program or its
   ``use_fast_variance=False`` one (exact statistics); the tangent in Σ(x − μ)·ẋ took one
@@ -356,13 +355,13 @@ def test_tpu_programs_cost_what_flax_costs(kind, shape, dtype):
   forward+backward it too is within Flax's bytes (it read h once more, 1.03×, item 52)."""
   devices = tpu_devices()
   mesh = Mesh(np.array(devices[:1]), ("d",))
-  compiled, nbytes = programs.programs(kind, shape, dtype, NamedSharding(mesh, P()))
+  compiled, nbytes = programs.compiled(kind, shape, dtype, NamedSharding(mesh, P()))
   for program in ("forward", "fwd+bwd"):
-    k, b = programs.measure(compiled[("jaxnorm", program)], nbytes, "tpu")
-    kf, bf = programs.measure(compiled[("flax", program)], nbytes, "tpu")
-    k2 = programs.measure(
-      compiled.get(("flax2", program), compiled[("flax", program)]), nbytes, "tpu"
-    )[0]
+    k, b = hlo.measure(compiled[("jaxnorm", program)], nbytes, "tpu")
+    kf, bf = hlo.measure(compiled[("flax", program)], nbytes, "tpu")
+    k2 = hlo.measure(compiled.get(("flax2", program), compiled[("flax", program)]), nbytes, "tpu")[
+      0
+    ]
     allowance = 1.0 if kind == "add_layer" and program == "forward" else 0.0
     assert b <= 1.005 * bf + allowance, (program, b / bf)
     assert k <= max(k2, kf), (program, k, kf, k2)
@@ -372,7 +371,7 @@ def test_tpu_programs_cost_what_flax_costs(kind, shape, dtype):
 def test_tpu_batch_renorm_costs_batch_norm_and_its_step_counter(dtype):
   """Batch Renorm's training step compiled for a TPU v5e, against Flax's BatchNorm's (Flax
   has no Batch Renorm) and against Batch Renorm written by hand on Flax's statistics
-  (``accelerator_programs.renorm_by_hand``, what a Flax user pays for it): Flax
+  (``programs.renorm_by_hand``, what a Flax user pays for it): Flax
   BatchNorm's bytes forward and forward+backward, at most two kernels more than its
   program (the step counter's copy to the scalar unit, the small kernel of ``r`` and
   ``d``; 11 against 3 before RESULTS item 53, 6 before item 58), and no more kernels or
@@ -399,13 +398,13 @@ def test_tpu_batch_renorm_costs_batch_norm_and_its_step_counter(dtype):
       return jax.vjp(lambda v, x: forward(v, x, m), variables, x)[1](x)
 
     got[name] = [
-      programs.measure(jax.jit(f).lower(variables, x).compile(), nbytes, "tpu")
+      hlo.measure(jax.jit(f).lower(variables, x).compile(), nbytes, "tpu")
       for f in (forward, fwd_bwd)
     ]
     if name == "jaxnorm":
       hand = (variables["params"], {"batch_stats": variables["batch_stats"]})
       got["by hand"] = [
-        programs.measure(jax.jit(f).lower(hand, x).compile(), nbytes, "tpu")
+        hlo.measure(jax.jit(f).lower(hand, x).compile(), nbytes, "tpu")
         for f in (
           programs.renorm_by_hand,
           lambda p, x: jax.vjp(programs.renorm_by_hand, p, x)[1](x),
@@ -425,7 +424,7 @@ STEP_BOUNDS = {"ResNet50": (1.13, 1.03), "TransformerStack": (1.05, 1.025)}
 
 @pytest.mark.parametrize("model", list(STEP_BOUNDS))
 def test_tpu_training_steps_cost_less_than_flaxs_exact_program(model):
-  """Whole training steps (``bench_scale``'s ResNet-50 and Pre-LN Transformer stack) on
+  """Whole training steps (``tests/models.py``'s ResNet-50 and Pre-LN Transformer stack) on
   one v5e chip: fewer kernels and bytes than Flax's exact program
   (``use_fast_variance=False``), and within today's ratios to its default one. With the
   statistics and r·γ kept in the kept-dims shape, XLA:TPU split the per-channel
@@ -434,11 +433,9 @@ def test_tpu_training_steps_cost_less_than_flaxs_exact_program(model):
   import functools  # noqa: PLC0415
   import types  # noqa: PLC0415
 
-  from benchmarks import bench_scale  # noqa: PLC0415
-
   devices = tpu_devices()
   replicated = NamedSharding(Mesh(np.array(devices[:1]), ("d",)), P())
-  cls, shape = next((c, s) for _, c, s in bench_scale.MODELS if c.__name__ == model)
+  cls, shape = next((c, s) for _, c, s in models.MODELS if c.__name__ == model)
   exact = types.SimpleNamespace(
     **{
       k: functools.partial(getattr(nn, k), use_fast_variance=False)
@@ -447,11 +444,11 @@ def test_tpu_training_steps_cost_less_than_flaxs_exact_program(model):
   )
   got = {}
   for name, lib in (("jaxnorm", jaxnorm), ("flax", nn), ("exact", exact)):
-    step, variables, x = bench_scale._programs(cls, lib, shape)["training"]
+    step, variables, x = models.programs(cls, lib, shape)["training"]
     args = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), (variables, x)
     )
-    got[name] = programs.measure(jax.jit(step).lower(*args).compile(), 1, "tpu")
+    got[name] = hlo.measure(jax.jit(step).lower(*args).compile(), 1, "tpu")
   (k, b), (kf, bf), (ke, be) = got["jaxnorm"], got["flax"], got["exact"]
   kernels, moved = STEP_BOUNDS[model]
   assert k <= ke and b <= be, got
@@ -486,7 +483,7 @@ def test_tpu_sharded_programs_compile_ahead_of_time(name, make, shape, spec):
   assert counts["jaxnorm"] <= counts["flax.linen"], counts
 
 
-EXPLICIT_WHOLE = [  # (bench_norms kind, shape, spec on a 2 × 2 mesh): no reduced axis sharded
+EXPLICIT_WHOLE = [  # (programs kind, shape, spec on a 2 × 2 mesh): no reduced axis sharded
   ("layer", (8, 512, 1024), P("d")),
   ("layer", (16, 1024, 4096), P(("d", "d2"))),
   ("instance", (8, 32, 32, 256), P("d")),
@@ -502,18 +499,16 @@ def test_tpu_explicit_sharding_per_device_costs_flaxs(kind, shape, spec):
   19 kernels against 3, BatchNorm over sharded features 1.43×; RESULTS item 68)."""
   devices = tpu_devices()
   mesh = Mesh(np.array(devices[:4]).reshape(2, 2), ("d", "d2"), axis_types=(AxisType.Explicit,) * 2)
-  progs, _ = programs.programs(kind, shape, "float32", NamedSharding(mesh, spec))
+  progs, _ = programs.compiled(kind, shape, "float32", NamedSharding(mesh, spec))
   for pass_ in ("forward", "fwd+bwd"):
-    (k, b), (kf, bf) = (
-      programs.measure(progs[(lib, pass_)], 1, "tpu") for lib in ("jaxnorm", "flax")
-    )
+    (k, b), (kf, bf) = (hlo.measure(progs[(lib, pass_)], 1, "tpu") for lib in ("jaxnorm", "flax"))
     assert b <= 1.005 * bf and k <= kf + 1, (pass_, k, kf, b / bf)
 
 
 # -- H100 programs, compiled without a GPU (the CUDA plugin) ----------------------------------
 
 
-H100_NORMS = [  # (bench_norms kind, shape): rows, maps and Add & Norm users train with
+H100_NORMS = [  # (programs kind, shape): rows, maps and Add & Norm users train with
   ("layer", (16, 512, 768)),
   ("rms", (4, 1024, 4096)),
   ("layer", (4, 1024, 4096)),
@@ -522,6 +517,12 @@ H100_NORMS = [  # (bench_norms kind, shape): rows, maps and Add & Norm users tra
   ("instance", (32, 56, 56, 64)),
   ("add_rms", (16, 512, 768)),
 ]
+
+
+def _h100_programs(kind, shape, dtype):
+  """jaxnorm's and Flax's programs of ``kind`` compiled for one H100."""
+  replicated = NamedSharding(h100_mesh(), P())
+  return programs.compiled(kind, shape, dtype, replicated, libs=("jaxnorm", "flax"))
 
 
 H100_EXTRA_KERNELS = {  # (kind, width, dtype): kernels beyond Flax's, forward+backward
@@ -539,7 +540,7 @@ H100_EXTRA_KERNELS = {  # (kind, width, dtype): kernels beyond Flax's, forward+b
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("kind,shape", H100_NORMS, ids=[f"{k}-{s[-1]}" for k, s in H100_NORMS])
 def test_h100_programs_cost_what_flax_costs(kind, shape, dtype):
-  """Compiled for an H100 (``benchmarks/gpu_programs.py``'s programs and bytes model): the
+  """Compiled for an H100 (``tests/programs.py``'s programs, ``hlo``'s bytes model): the
   forward+backward moves no more bytes than Flax's and launches no more kernels (one more
   for LayerNorm over 4,096-wide bfloat16 rows, XLA:GPU's split of its derivative), and the
   forward moves no more bytes (BatchNorm training and LayerNorm over a map take more
@@ -549,9 +550,7 @@ def test_h100_programs_cost_what_flax_costs(kind, shape, dtype):
   training there and one for bfloat16 (its per-sample sums merged, RESULTS item 70;
   bytes within Flax's). Until these, the H100 programs had no test: a change to
   the statistics could cost the GPU programs and pass every test."""
-  import gpu_programs  # noqa: PLC0415 (benchmarks/ is on the path: accelerator_programs)
-
-  compiled, nbytes = gpu_programs._programs(kind, shape, dtype, h100_mesh())
+  compiled, nbytes = _h100_programs(kind, shape, dtype)
   for program in ("forward", "fwd+bwd"):
     k, b = hlo.kernels_and_bytes(compiled[("jaxnorm", program)].as_text())
     kf, bf = hlo.kernels_and_bytes(compiled[("flax", program)].as_text())
@@ -567,9 +566,7 @@ def test_h100_row_norm_forward_is_one_kernel(kind, dtype):
   which XLA:GPU turns with the output into one kernel reading x once, 2|x| (Flax's
   LayerNorm: 3 kernels and 3|x|; the merged shifted sums there: 3 and 3|x|, which Flax's
   bound above lets pass — ``router.merged_moments``' GPU branch, the decisions table)."""
-  import gpu_programs  # noqa: PLC0415 (benchmarks/ is on the path: accelerator_programs)
-
-  compiled, nbytes = gpu_programs._programs(kind, (16, 512, 768), dtype, h100_mesh())
+  compiled, nbytes = _h100_programs(kind, (16, 512, 768), dtype)
   k, b = hlo.kernels_and_bytes(compiled[("jaxnorm", "forward")].as_text())
   assert (k, round(b / nbytes, 2)) == (1, 2.0)
 
@@ -582,9 +579,7 @@ def test_h100_long_rows_take_flaxs_kernels(dtype, width):
   Flax's device time at 4,096 × 16,384 bfloat16 on an H200, and from 32,768 elements
   XLA:GPU splits it into 7 kernels moving 4.04|x| against Flax's 5 and 3.04 (RESULTS
   item 72)."""
-  import gpu_programs  # noqa: PLC0415 (benchmarks/ is on the path: accelerator_programs)
-
-  compiled, nbytes = gpu_programs._programs("layer", (1, 256, width), dtype, h100_mesh())
+  compiled, nbytes = _h100_programs("layer", (1, 256, width), dtype)
   k, b = hlo.kernels_and_bytes(compiled[("jaxnorm", "forward")].as_text())
   kf, bf = hlo.kernels_and_bytes(compiled[("flax", "forward")].as_text())
   assert 1 < k <= kf and b <= 1.02 * bf, (k, kf, b / nbytes, bf / nbytes)
@@ -597,9 +592,7 @@ def test_h100_batch_norm_on_a_small_map_costs_flaxs_bytes(dtype):
   forward+backward. With one pair of shifts for the whole batch XLA:GPU wrote ``x − a``
   out there: 7.01|x| (float32) and 11.01|x| (bfloat16) forward against Flax's 3.00,
   15.02 and 24.03 against 11.01 and 16.02 forward+backward (RESULTS item 70)."""
-  import gpu_programs  # noqa: PLC0415 (benchmarks/ is on the path: accelerator_programs)
-
-  compiled, _ = gpu_programs._programs("batch_train", (8, 14, 14, 512), dtype, h100_mesh())
+  compiled, _ = _h100_programs("batch_train", (8, 14, 14, 512), dtype)
   for program, bound in (("forward", 1.03), ("fwd+bwd", 1.01)):
     _, b = hlo.kernels_and_bytes(compiled[("jaxnorm", program)].as_text())
     _, bf = hlo.kernels_and_bytes(compiled[("flax", program)].as_text())
@@ -613,9 +606,7 @@ def test_h100_batch_norm_on_a_large_batch_shifts_the_whole_batch(shape):
   Flax's 3.08 at 128 × 7 × 7 × 2048 bfloat16 and 3.15 against 3.02 at 256 × 14 × 14 ×
   1024, and on an H200 1.58× and 1.24× Flax's forward time (against 1.05× and 1.02× with
   one pair; RESULTS item 73)."""
-  import gpu_programs  # noqa: PLC0415 (benchmarks/ is on the path: accelerator_programs)
-
-  compiled, _ = gpu_programs._programs("batch_train", shape, "bfloat16", h100_mesh())
+  compiled, _ = _h100_programs("batch_train", shape, "bfloat16")
   _, b = hlo.kernels_and_bytes(compiled[("jaxnorm", "forward")].as_text())
   _, bf = hlo.kernels_and_bytes(compiled[("flax", "forward")].as_text())
   assert b <= 1.01 * bf, b / bf
@@ -629,13 +620,7 @@ def test_h100s_batch_norm_jitted_with_in_shardings_on_host_arrays(monkeypatch):
   With one pair of shifts for the whole batch: 3 all-reduces and a permute forward
   against Flax's 1, 5 and a permute for the step against 2 (RESULTS item 70)."""
   h100_mesh()  # (a skip, or a failure where CI requires the CUDA plugin)
-  import gpu_programs  # noqa: PLC0415
-  from jax.experimental import topologies  # noqa: PLC0415
-
-  topology = topologies.get_topology_desc(
-    platform="cuda", target_config=gpu_programs.H100, topology="1x1x4"
-  )
-  mesh = topologies.make_mesh(topology, (4,), ("data",))
+  mesh = Mesh(np.array(h100_devices(4)), ("data",))
   monkeypatch.setattr(jaxnorm._engine.platform, "traced_for", lambda x=None: "gpu")
   jax.clear_caches()
   x = jax.ShapeDtypeStruct((32, 8, 8, 16), jnp.float32)

@@ -15,7 +15,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxnorm
-from benchmarks import hlo
+from tests import hlo
 from tests.devices import tracing_for
 
 SEQ, CNN = (8, 16, 32), (8, 4, 4, 16)

@@ -1,7 +1,7 @@
 """What a compiled program launches and moves, read from its HLO text: one definition of a
-kernel, of the bytes a kernel moves and of the collectives, for every benchmark and test
-that counts programs (``accelerator_programs.py``, ``gpu_programs.py``, ``bench_scale.py``,
-``tests/test_accelerator_programs.py``, ``tests/test_scale.py``).
+kernel, of the bytes a kernel moves and of the collectives, for every test and benchmark
+that counts programs (the compiled-program tests' bounds are counted with it; the runners in
+``benchmarks/`` import it from here, as they import the float64 reference).
 
 Two kernel counts, by what each backend's compiled text holds: on XLA:GPU a kernel is a
 fusion, custom call, copy or unfused reduction at any level but inside a fusion, and the
@@ -129,3 +129,15 @@ def kernels_and_bytes(hlo: str) -> tuple[int, int]:
         part = reads.get(i)
         moved += _bytes(shapes.get(n, "")) if part is None else part
   return count, moved
+
+
+def measure(compiled, nbytes: int, platform: str) -> tuple[int, float]:
+  """Kernels and bytes over ``nbytes`` of a compiled program: the bytes model on GPUs
+  (:func:`kernels_and_bytes`), XLA's ``cost_analysis`` with :func:`kernels` elsewhere."""
+  text = compiled.as_text()
+  if platform == "gpu":
+    count, moved = kernels_and_bytes(text)
+    return count, moved / nbytes
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  return kernels(text), cost["bytes accessed"] / nbytes

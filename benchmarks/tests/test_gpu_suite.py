@@ -2,6 +2,7 @@
 (tiny shapes), so that it works the day a GPU is lent. Nothing about speed is asserted."""
 
 import json
+import pathlib
 
 import numpy as np
 
@@ -38,9 +39,10 @@ def test_the_floor_kernels_move_the_traffic_they_are_credited_with():
   import jax.numpy as jnp
 
   from benchmarks import bench_norms
+  from tests.programs import inputs
 
   for kind, dtype in (("rms", jnp.bfloat16), ("add_rms", jnp.bfloat16), ("layer", jnp.float32)):
-    x, cot = bench_norms.inputs(kind, (4, 32, 256), dtype)
+    x, cot = inputs(kind, (4, 32, 256), dtype)
     kernels = bench_norms.floor_kernels(x, cot)
     x0 = (x[0] if isinstance(x, tuple) else x).nbytes
     credit = {p: sum(b for _, _, b in k) / x0 for p, k in kernels.items()}
@@ -57,10 +59,12 @@ def test_the_floor_kernels_move_the_traffic_they_are_credited_with():
 
 
 def test_device_names():
+  from benchmarks import bench_norms
+
   class H100:
     platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
 
-  assert gpu_suite.device_name(H100) == "nvidia-h100-80gb-hbm3"
+  assert bench_norms.device_name(H100) == "nvidia-h100-80gb-hbm3"
 
 
 def test_a_wrong_peer_is_left_out_and_named(monkeypatch):
@@ -129,14 +133,16 @@ def jaxnorm_rule(d):
 def test_a_subset_of_bench_norms_never_overwrites_the_full_tables():
   """``bench_norms.py --only <subset>`` wrote its subset over the committed full results,
   and a filter matching nothing wrote empty tables, then crashed: a subset now goes to
-  ``results/partial`` unless ``--out`` says otherwise, and an empty filter stops at once,
-  naming the cases."""
+  ``results/<device>/partial`` unless ``--out`` says otherwise, and an empty filter stops
+  at once, naming the cases."""
+  import jax
   import pytest
 
   from benchmarks import bench_norms
 
-  assert bench_norms.output_dir(None, partial=False) == "benchmarks/results"
-  assert bench_norms.output_dir(None, partial=True) == "benchmarks/results/partial"
+  cpu, results = jax.devices("cpu")[0], pathlib.Path(bench_norms.__file__).parent / "results"
+  assert bench_norms.output_dir(None, partial=False, device=cpu) == str(results / "cpu")
+  assert bench_norms.output_dir(None, True, cpu) == str(results / "cpu" / "partial")
   assert bench_norms.output_dir("elsewhere", partial=True) == "elsewhere"
   assert bench_norms.selected(["group"]) and all(
     k == "group" for k, _ in bench_norms.selected(["group"])
@@ -203,14 +209,13 @@ def test_the_device_run_script_brings_back_one_archive(tmp_path):
   8 files) on tiny shapes on the CPU (``SMOKE=1``): one archive holding the suite's
   results and each variant's."""
   import os
-  import pathlib
   import subprocess
   import sys
   import tarfile
 
   from benchmarks import variants
 
-  root = pathlib.Path(__file__).resolve().parents[1]
+  root = pathlib.Path(__file__).resolve().parents[2]
   env = {**os.environ, "SMOKE": "1", "PYTHON": sys.executable}
   subprocess.run(["bash", "benchmarks/device_run.sh", str(tmp_path)], cwd=root, env=env,
                  check=True, capture_output=True, timeout=300)  # fmt: skip

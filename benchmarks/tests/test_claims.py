@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import claims
 
-ROOT = pathlib.Path(__file__).parents[1]
+ROOT = pathlib.Path(__file__).parents[2]
 DOCS = " ".join(
   re.sub(r"\s+", " ", p.read_text())
   for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
