@@ -249,7 +249,9 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--smoke", action="store_true", help="tiny shapes, CPU, seconds")
   ap.add_argument("--budget", type=float, default=420.0, help="seconds for the norm cases")
-  ap.add_argument("--out", default=None, help="default: benchmarks/results/<device>/")
+  ap.add_argument(
+    "--out", default=None, help="default: benchmarks/results/<device>/ (a subset: its partial/)"
+  )
   ap.add_argument("--no-steps", action="store_true", help="skip the whole training steps")
   ap.add_argument("--iterations", type=int, default=None)
   ap.add_argument("--cases", default=None, help="a regex over 'shape norm dtype 1x8x128'")
@@ -269,7 +271,9 @@ def main(argv=None):
   libs = {} if args.smoke else peers.available()
   copy_bw = copy_bandwidth((1 << 20) if args.smoke else (1 << 30), n, min_seconds)
   print(f"{device.device_kind}: copy {copy_bw / 1e9:.0f} GB/s", flush=True)
-  out = args.out or bench_norms.results_dir(device)
+  # (a subset, --cases or --smoke, into results/<device>/partial: never over the full run)
+  subset = args.smoke or bool(args.cases and not variant)
+  out = bench_norms.output_dir(args.out, subset, device)
   os.makedirs(out, exist_ok=True)
   excluded_before = len(bench_norms.EXCLUDED)  # (this run's exclusions: those after it)
   checked = None  # (the Pallas kernels' outputs against float64 first: on a CPU, the smoke's)

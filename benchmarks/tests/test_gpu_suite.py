@@ -151,6 +151,16 @@ def test_a_subset_of_bench_norms_never_overwrites_the_full_tables():
     bench_norms.main(["--quick", "--only", "no-such-norm"])
 
 
+def test_a_subset_of_the_device_suite_goes_to_partial(tmp_path, monkeypatch):
+  """``gpu_suite.py --cases <regex>`` (or ``--smoke``) without ``--out`` wrote over the
+  device's full results; it now writes into their ``partial`` folder."""
+  # (gpu_suite's own bench_norms: it imports the runners as scripts do)
+  monkeypatch.setattr(gpu_suite.bench_norms, "results_dir", lambda device: str(tmp_path))
+  gpu_suite.main(["--smoke", "--tune", "0", "--cases", "rms"])
+  assert (tmp_path / "partial" / "gpu_suite.json").exists()
+  assert not (tmp_path / "gpu_suite.json").exists()
+
+
 def test_each_variant_changes_the_gpu_program_of_the_cases_it_names(monkeypatch):
   """``gpu_suite.py --variant`` times an engine alternative in the device run's process:
   each one changes the program traced for GPUs of a norm its cases regex names (a variant

@@ -17,10 +17,10 @@ a mask                         two passes over the valid elements (maths: two_pa
 ε outside the root             the kernel; its statistics as a plain call's below
 on a mesh, any platform        Flax's program (accelerators) with the merged shifted sums
                                (maths: merged_sums), partitioned by GSPMD, each shard's sums
-                               gathered in one collective (sharding: mesh_blocks; on TPUs
-                               under automatic sharding the per-sample statistics are not
-                               cut); XLA:GPU's columns: two shifts per index of the first
-                               reduced axis (gpu: two_shifts)
+                               gathered in one collective (sharding: mesh_blocks; under
+                               automatic sharding TPUs' per-sample statistics and GPUs'
+                               rows are not cut); XLA:GPU's columns: two shifts per index
+                               of the first reduced axis (gpu: two_shifts)
 XLA:CPU, one device            the kernel (kernel: normalize). Forward: rows in two passes
                                (one YNNPACK fusion); columns ``Σx ∥ Σx²`` checked with an
                                exact second pass (cpu: checked_moments); channel groups in
