@@ -80,10 +80,12 @@ def h100_mesh():
   return Mesh(np.array(h100_devices()), ("d",))
 
 
-def tracing_for(platform):
+def tracing_for(platform, devices=1):
   """A context in which programs are traced for ``platform`` (``"cpu"``, ``"gpu"``,
   ``"tpu"``) whatever the host: JAX's abstract mesh of one device of that platform, the
-  way the distributed guide shows for ``jax.export`` to an accelerator from a CPU host."""
+  way the distributed guide shows for ``jax.export`` to an accelerator from a CPU host;
+  with ``devices`` > 1, a mesh of as many under automatic sharding (a sharded step's
+  trace, nothing compiled)."""
   import jax  # noqa: PLC0415
   from jax.sharding import AbstractDevice, AbstractMesh, AxisType  # noqa: PLC0415
 
@@ -92,5 +94,5 @@ def tracing_for(platform):
     device = AbstractDevice(device_kind=kind, num_cores=None, platform=platform)
   except TypeError:  # (JAX before 0.10 records the kind alone)
     device = AbstractDevice(device_kind=kind, num_cores=None)
-  mesh = AbstractMesh((1,), ("d",), axis_types=(AxisType.Auto,), abstract_device=device)
+  mesh = AbstractMesh((devices,), ("d",), axis_types=(AxisType.Auto,), abstract_device=device)
   return jax.sharding.use_abstract_mesh(mesh)

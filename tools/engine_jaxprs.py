@@ -2,7 +2,8 @@
 
 Traces every route of the router (``jaxnorm/_engine/router.py``): 12 norm forms, float32
 and bfloat16, forward and gradient, traced for XLA:CPU, GPUs and TPUs (JAX's abstract mesh
-of that platform's device, no device needed) and on an 8-device CPU mesh, plus running
+of that platform's device, no device needed) and on meshes (8 CPU devices; 4 GPUs' and 4
+TPUs' abstract meshes under automatic sharding), plus running
 averages, complex data, the Pallas kernels and Equinox, and writes their jaxprs with
 function names normalized away. Before and after a change to the engine::
 
@@ -122,6 +123,9 @@ def programs():
             out[f"{platform}/one/{name}"] = _jaxpr(fn, x)
           if platform == "cpu" and form != "axisname":
             out[f"cpu/mesh/{name}"] = _jaxpr(fn, jax.device_put(x, NamedSharding(mesh, P("d"))))
+          elif form != "axisname":  # (a 4-device mesh of the platform in the context)
+            with tracing_for(platform, devices=4):
+              out[f"{platform}/mesh/{name}"] = _jaxpr(fn, x)
     with tracing_for(platform):
       for name, (fn, x) in _module_programs().items():
         out[f"{platform}/{name}"] = _jaxpr(fn, x)
