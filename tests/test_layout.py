@@ -31,3 +31,20 @@ def test_no_test_imports_the_benchmarks():
     if re.search(r"^\s*(from benchmarks\b|import benchmarks\b)", p.read_text("utf-8"), re.M)
   ]
   assert not importing, f"these test files import benchmarks/: {importing}"
+
+
+def test_the_docs_name_runners_and_results_that_exist():
+  """Every ``benchmarks/*.py`` runner and ``results/...`` file the README and the guides
+  name exists (results moved per device and runners merged: a stale path would send a
+  reader to nothing)."""
+  texts = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+  missing = set()
+  for path in texts:
+    text = path.read_text("utf-8")
+    for name in re.findall(r"benchmarks/[\w./-]+?\.(?:py|sh)\b", text):
+      if not (ROOT / name).exists():
+        missing.add(f"{path.name}: {name}")
+    for name in re.findall(r"results/[\w./-]+?\.(?:md|json|jsonl|png)\b", text):
+      if not (ROOT / "benchmarks" / name).exists() and not (ROOT / name).exists():
+        missing.add(f"{path.name}: {name}")
+  assert not missing, sorted(missing)
