@@ -77,8 +77,7 @@ CASES = [  # (norm, shape): issue 43's shapes users train with
 
 def abstract(tree, mesh: Mesh):
   """``tree``'s arrays as shapes and dtypes, replicated over ``mesh`` (nothing to hold)."""
-  rep = NamedSharding(mesh, P())
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=rep), tree)
+  return programs.abstract(tree, NamedSharding(mesh, P()))
 
 
 def table(mesh: Mesh, platform: str, dtypes=("bfloat16", "float32")):

@@ -4,6 +4,7 @@ For tests, :func:`tpu_devices` and :func:`h100_mesh` skip where the compiler is 
 installed and fail where CI requires it (``JAXNORM_REQUIRE_TPU=1``,
 ``JAXNORM_REQUIRE_CUDA=1``: ``.ci/run`` installs each for its step)."""
 
+import math
 import os
 
 import numpy as np
@@ -66,8 +67,9 @@ def tpu_devices(topology="v5e:2x2"):
   return topologies.get_topology_desc(topology_name=topology, platform="tpu").devices
 
 
-def h100_mesh():
-  """A one-H100 mesh (the CUDA plugin's topology, no GPU needed)."""
+def h100_mesh(shape=(1,), names=("d",)):
+  """A mesh of H100s of ``shape`` with axes ``names`` (the CUDA plugin's topology, no GPU
+  needed): one H100 by default."""
   try:
     import jax_cuda12_plugin  # noqa: F401
   except ImportError:
@@ -77,7 +79,7 @@ def h100_mesh():
     )
   from jax.sharding import Mesh  # noqa: PLC0415
 
-  return Mesh(np.array(h100_devices()), ("d",))
+  return Mesh(np.array(h100_devices(math.prod(shape))).reshape(shape), names)
 
 
 def tracing_for(platform, devices=1):

@@ -10,6 +10,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from tests.programs import abstract
 
 SEQ, CNN = (8, 128, 256), (8, 16, 16, 64)
 
@@ -109,3 +113,16 @@ def programs(model_cls, lib, shape):
     return jax.grad(loss, has_aux=True)(v["params"])  # (the running statistics too)
 
   return {"inference": (infer, v, x), "training": (train, v, x)}
+
+
+def training_step(name, lib, mesh, batch=None):
+  """The training step of the model class called ``name`` in :data:`MODELS` over ``lib``'s
+  norms, compiled for ``mesh`` from shapes alone: the variables replicated, the input laid
+  out by the partition spec ``batch`` (replicated by default)."""
+  cls, shape = next((c, s) for _, c, s in MODELS if c.__name__ == name)
+  step, variables, x = programs(cls, lib, shape)["training"]
+  args = (
+    abstract(variables, NamedSharding(mesh, P())),
+    abstract(x, NamedSharding(mesh, batch or P())),
+  )
+  return jax.jit(step).lower(*args).compile()

@@ -81,6 +81,13 @@ def forward_backward(forward):
   return fwd_bwd
 
 
+def abstract(tree, sharding):
+  """``tree``'s arrays as shapes and dtypes laid out by ``sharding`` (nothing to hold)."""
+  return jax.tree.map(
+    lambda a: jax.ShapeDtypeStruct(jnp.shape(a), a.dtype, sharding=sharding), tree
+  )
+
+
 def compiled(kind, shape, dtype, sharding, libs=LIBS):
   """Each library's compiled forward and forward+backward of norm ``kind`` on an input of
   ``shape`` laid out by ``sharding`` (parameters replicated on its mesh), from shapes alone:
@@ -92,12 +99,7 @@ def compiled(kind, shape, dtype, sharding, libs=LIBS):
     lambda: module(nn, kind, len(shape), dt).init(jax.random.key(0), jnp.zeros(x0.shape, x0.dtype))
   )
   rest = {k: v for k, v in variables.items() if k != "params"}
-  replicated = NamedSharding(sharding.mesh, P())
-
-  def abstract(tree, spec=replicated):
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=spec), tree)
-
-  params = abstract((variables["params"], rest))
+  params = abstract((variables["params"], rest), NamedSharding(sharding.mesh, P()))
   xa, cota = abstract(x, sharding), abstract(cot, sharding)
   out = {}
   for lib in libs:
