@@ -12,7 +12,9 @@ jaxnorm program with more kernels or bytes than Flax's default, ``**`` one with 
 Flax's two-pass program too.
 
 ``--modern`` compiles the adaptive norms, DyT and Batch Renorm instead; ``--stacks`` the
-model stacks (``tests/models.py``), with lower and compile times; ``--sharded`` the layouts
+model stacks (``tests/models.py``), with lower and compile times; ``--steps`` their
+training steps on one chip and data parallel over four, per device against Flax's default
+and exact programs; ``--sharded`` the layouts
 of issue 43's point 2 on a 4-chip mesh, counting collectives and all-gathers of x;
 ``--pallas`` (GPUs) jaxnorm's Pallas row kernels beside its XLA path at the device suite's
 training shapes, against the least traffic of each pass.
@@ -24,12 +26,13 @@ training shapes, against the least traffic of each pass.
   PYTHONPATH=. python benchmarks/accelerator_programs.py --modern > $R/tpu_v5e_modern.md
   PYTHONPATH=. python benchmarks/accelerator_programs.py --sharded > $R/tpu_v5e_sharded.md
   PYTHONPATH=. python benchmarks/accelerator_programs.py --stacks > $R/tpu_v5e_stacks.md
+  PYTHONPATH=. python benchmarks/accelerator_programs.py --steps > $R/tpu_v5e_steps.md
 
   # H100s: the CUDA plugin (no GPU needed), in a venv of its own
   pip install "jax-cuda12-plugin[with-cuda]==<jax's version>" "jax-cuda12-pjrt==<same>"
   JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu PYTHONPATH=. python \\
       benchmarks/accelerator_programs.py --platform gpu [--modern | --sharded | --stacks |
-      --pallas] > $R/h100[_modern | _sharded | _stacks | _pallas].md
+      --steps | --pallas] > $R/h100[_modern | _sharded | _stacks | _steps | _pallas].md
 """
 
 from __future__ import annotations
@@ -250,6 +253,31 @@ def stacks(mesh: Mesh, platform: str, repeats: int = 7):
       print(f"| {name} | {program} | " + " | ".join(cells) + f" | {ratio:.2f} |", flush=True)
 
 
+def steps(platform: str, topology: str = "v5e:2x2"):
+  """Whole training steps of every model in ``tests/models.py`` on one chip and data
+  parallel over 4 (the batch sharded, the variables replicated, shapes with their
+  shardings): each device's kernels and bytes (:func:`measure`, per device), jaxnorm over
+  Flax's default and over its exact program (``use_fast_variance=False``), and the
+  collectives of each (issue 53's point 4)."""
+  chips4 = devices.tpu_mesh(topology, 4).devices if platform == "tpu" else devices.h100_devices(4)
+  libs = {"jaxnorm": jaxnorm, "flax": nn, "exact": models.flax_exact()}
+  print("| model | chips | kernels | × Flax | × exact | bytes × Flax | × exact "
+        "| collectives jaxnorm / Flax |")  # fmt: skip
+  print("|---|---|---|---|---|---|---|---|")
+  for name, cls, _ in models.MODELS:
+    for chips in (1, 4):
+      mesh = Mesh(np.array(list(chips4)[:chips]), ("d",))
+      got, coll = {}, {}
+      for k, lib in libs.items():
+        compiled = models.training_step(cls.__name__, lib, mesh, P("d") if chips > 1 else None)
+        got[k] = measure(compiled, 1, platform)
+        coll[k] = sum(count(compiled.as_text()).values())
+      (kj, bj), (kf, bf), (ke, be) = got.values()
+      print(f"| {name} | {chips} | {kj} / {kf} / {ke} | {kj / kf:.3f} | {kj / ke:.3f} "
+            f"| {bj / bf:.4f} | {bj / be:.4f} | {coll['jaxnorm']} / {coll['flax']} |",
+            flush=True)  # fmt: skip
+
+
 # The Pallas row kernels against XLA (issue 55): the suite's training shapes and the
 # issue's (1024 × 1024, 32768 × 2048, 4096 × 16384).
 PALLAS_CASES = [
@@ -318,6 +346,8 @@ def main():
   parser.add_argument("--sharded", action="store_true")
   parser.add_argument("--modern", action="store_true")
   parser.add_argument("--stacks", action="store_true")
+  parser.add_argument("--steps", action="store_true")
+  parser.add_argument("--repeats", type=int, default=7, help="(--stacks) interleaved pairs")
   parser.add_argument("--pallas", action="store_true", help="(--platform gpu)")
   args = parser.parse_args()
   versions = f"jax {jax.__version__}, flax {__import__('flax').__version__}"
@@ -344,11 +374,16 @@ def main():
     print("Kernels (Triton calls among them) and bytes over |x|; the least traffic of each pass:")
     print("bench_norms.floor_kernels' credit.\n")
     return pallas(mesh)
+  if args.steps:
+    print(f"# {mesh.devices.flat[0].device_kind}: whole training steps per device ({versions})\n")
+    print("Kernels jaxnorm / Flax / Flax exact (``use_fast_variance=False``), bytes (XLA's cost")
+    print("analysis on TPUs, the bytes model on GPUs) as ratios; 4 chips: the batch sharded.\n")
+    return steps(args.platform, args.topology)
   if args.stacks:
     print(f"# {mesh.devices.flat[0].device_kind}: model stacks, jaxnorm / Flax ({versions})\n")
     print("Fusions (every fusion instruction), kernels, jaxnorm's conditionals, medians of")
     print("interleaved lower and compile times (s, caches cleared), ratio of their sums.\n")
-    return stacks(mesh, args.platform)
+    return stacks(mesh, args.platform, args.repeats)
   if args.modern:
     print(f"# {mesh.devices.flat[0].device_kind}: modern norms ({versions})\n")
     print("jaxnorm / Flax's norm, then the modulation / the hand-written two-pass form; DyT")

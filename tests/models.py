@@ -1,10 +1,13 @@
 """The model stacks whose whole programs the tests count and the benchmarks compile and
 time (issue 33's point 3, issue 53's points 2 and 4): a GroupNorm UNet, a ResNet stage, a
-Pre-LN Transformer and a ResNet-50, each built over either library's norms (``lib`` is
-``jaxnorm`` or ``flax.linen``), with its inference and training programs
-(:func:`programs`)."""
+Pre-LN Transformer, a Llama-style RMSNorm Transformer, a ResNet-50 and GPT-2 small, each
+built over either library's norms (``lib`` is ``jaxnorm`` or ``flax.linen``), with its
+inference and training programs (:func:`programs`)."""
 
 from __future__ import annotations
+
+import functools
+import types
 
 import flax.linen as nn
 import jax
@@ -63,6 +66,47 @@ class TransformerStack(nn.Module):
     return self.lib.LayerNorm()(x)
 
 
+class LlamaStack(nn.Module):
+  """Pre-RMSNorm Transformer blocks as in Llama (Touvron et al. 2023): attention and a SwiGLU
+  MLP, no biases, a final RMSNorm (rotary embeddings left out: they touch no norm)."""
+
+  lib: object
+  blocks: int = 6
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    for _ in range(self.blocks):
+      h = self.lib.RMSNorm(epsilon=1e-5)(x)
+      x = x + nn.SelfAttention(num_heads=4, use_bias=False)(h)
+      h = self.lib.RMSNorm(epsilon=1e-5)(x)
+      gate, up = jnp.split(nn.Dense(2 * 688, use_bias=False)(h), 2, axis=-1)
+      x = x + nn.Dense(x.shape[-1], use_bias=False)(nn.silu(gate) * up)
+    return self.lib.RMSNorm(epsilon=1e-5)(x)
+
+
+class GPT2Small(nn.Module):
+  """GPT-2 small (Radford et al. 2019): 12 Pre-LN blocks of width 768 with 12 heads, causal
+  attention, learned positions, the output tied to the token embedding; 124M parameters.
+  Its input is token ids (:data:`vocab` of them)."""
+
+  lib: object
+  vocab: int = 50257
+  blocks: int = 12
+  width: int = 768
+
+  @nn.compact
+  def __call__(self, tokens, train=False):
+    embed = nn.Embed(self.vocab, self.width)
+    x = embed(tokens) + nn.Embed(1024, self.width)(jnp.arange(tokens.shape[-1]))[None]
+    mask = nn.make_causal_mask(tokens)
+    for _ in range(self.blocks):
+      h = self.lib.LayerNorm(epsilon=1e-5)(x)
+      x = x + nn.MultiHeadDotProductAttention(num_heads=12)(h, h, mask=mask)
+      h = self.lib.LayerNorm(epsilon=1e-5)(x)
+      x = x + nn.Dense(self.width)(nn.gelu(nn.Dense(4 * self.width)(h)))
+    return embed.attend(self.lib.LayerNorm(epsilon=1e-5)(x))
+
+
 class ResNet50(nn.Module):
   """ResNet-50 (He et al. 2016): bottleneck blocks of 3, 4, 6, 3, 53 BatchNorms."""
 
@@ -91,16 +135,23 @@ class ResNet50(nn.Module):
 
 MODELS = [("UNet (GroupNorm)", UNetStack, CNN), ("ResNet (BatchNorm)", ResNetStack, CNN),
           ("Transformer (LayerNorm)", TransformerStack, SEQ),
-          ("ResNet-50 (BatchNorm)", ResNet50, (8, 64, 64, 3))]  # fmt: skip
+          ("Llama (RMSNorm)", LlamaStack, SEQ),
+          ("ResNet-50 (BatchNorm)", ResNet50, (8, 64, 64, 3)),
+          ("GPT-2 small (LayerNorm)", GPT2Small, (8, 1024))]  # fmt: skip
 
 
 def programs(model_cls, lib, shape):
   """``{"inference" | "training": (fn, variables, x)}`` of ``model_cls`` over ``lib``'s norms
-  on a random input of ``shape``: the forward, and the gradient of a loss with the running
-  statistics updated (``fn(variables, x)``)."""
-  x = jnp.asarray(np.random.default_rng(0).normal(size=shape).astype(np.float32))
+  on a random input of ``shape`` (token ids for a model with a ``vocab``): the forward, and
+  the gradient of a loss with the running statistics updated (``fn(variables, x)``)."""
+  rng = np.random.default_rng(0)
   model = model_cls(lib)
-  v = model.init(jax.random.key(0), x)
+  if vocab := getattr(model, "vocab", 0):
+    x = jnp.asarray(rng.integers(0, vocab, size=shape, dtype=np.int32))
+    v = model.init(jax.random.key(0), x[:1, :8])  # (the parameters, without a full forward)
+  else:
+    x = jnp.asarray(rng.normal(size=shape).astype(np.float32))
+    v = model.init(jax.random.key(0), x)
 
   def infer(v, x):
     return model.apply(v, x)
@@ -113,6 +164,17 @@ def programs(model_cls, lib, shape):
     return jax.grad(loss, has_aux=True)(v["params"])  # (the running statistics too)
 
   return {"inference": (infer, v, x), "training": (train, v, x)}
+
+
+def flax_exact():
+  """Flax's norms with its exact statistics (``use_fast_variance=False``, two passes): the
+  program the tests and tables hold jaxnorm's whole steps below, beside Flax's default."""
+  return types.SimpleNamespace(
+    **{
+      k: functools.partial(getattr(nn, k), use_fast_variance=False)
+      for k in ("BatchNorm", "LayerNorm", "GroupNorm", "RMSNorm")
+    }
+  )
 
 
 def training_step(name, lib, mesh, batch=None):

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm._engine.barriers import converted_apart
-from jaxnorm._engine.sharding import mesh_blocks, resharded, sharded_axes
+from jaxnorm._engine.sharding import blocks_merged_at_once, mesh_blocks, resharded, sharded_axes
 
 
 class Moments(NamedTuple):
@@ -130,12 +130,14 @@ def merge(left, right):
   return n1 + n2, jnp.where(n1 > 0, a1, a2), s1 + moved, q1 + t2 + more
 
 
-def merged_over(parts, axes, blocks=1):
+def merged_over(parts, axes, blocks=1, at_once=False):
   """``parts`` merged over ``axes`` (kept as size 1); with ``blocks`` (> 1, dividing the
   first axis), that axis cut into as many blocks first: each block's sums, stacked and
   gathered whole, then merged. On a mesh of as many devices GSPMD then gathers the
   shards' sums in one collective; it gathered the four sums of one reduction apart, which
-  XLA:TPU (along a minor dimension) and XLA:CPU do not combine (RESULTS item 48)."""
+  XLA:TPU (along a minor dimension) and XLA:CPU do not combine (RESULTS item 48). The
+  blocks are merged one by one, or ``at_once`` by one reduction with :func:`merge` as its
+  combiner (:func:`~jaxnorm._engine.sharding.blocks_merged_at_once` decides)."""
   zero = (jnp.zeros((), parts[1].dtype),) * 4
   if blocks == 1 or parts[0].shape[axes[0]] % blocks:
     return tuple(jnp.expand_dims(t, axes) for t in lax.reduce(parts, zero, merge, axes))
@@ -149,7 +151,10 @@ def merged_over(parts, axes, blocks=1):
     stacked = resharded(stacked, stacked, spec[: stacked.ndim])
   else:  # (a gather by index, which GSPMD does on the stack replicated: one collective)
     stacked = jnp.take(stacked, jnp.arange(blocks), axis=a + 1)
-  merged = merge_along(stacked, a)
+  if at_once:
+    merged = lax.reduce(tuple(stacked), zero, merge, (a,))
+  else:
+    merged = merge_along(stacked, a)
   return tuple(jnp.expand_dims(t, axes) for t in merged)
 
 
@@ -170,7 +175,8 @@ def merged_sums(raw, axes, dtype, known=False):
   moves three arrays, not four: Flax's kernel count on TPUs; elsewhere it cost one, item 60)."""
   x = raw.astype(dtype)
   parts = (jnp.ones_like(x), x, jnp.zeros_like(x), jnp.zeros_like(x))
-  n, *sums = merged_over(parts, axes, mesh_blocks(raw, axes))
+  blocks, at_once = mesh_blocks(raw, axes), blocks_merged_at_once(raw)
+  n, *sums = merged_over(parts, axes, blocks, at_once)
   return (jnp.full_like(n, elements_per_group(raw.shape, axes)) if known else n, *sums)
 
 

@@ -19,8 +19,9 @@ on a mesh, any platform        Flax's program (accelerators) with the merged shi
                                (maths: merged_sums), partitioned by GSPMD, each shard's sums
                                gathered in one collective (sharding: mesh_blocks; under
                                automatic sharding TPUs' per-sample statistics and GPUs'
-                               rows are not cut); XLA:GPU's columns: two shifts per index
-                               of the first reduced axis (gpu: two_shifts)
+                               rows are not cut; TPUs merge the blocks in one reduction:
+                               blocks_merged_at_once); XLA:GPU's columns: two shifts per
+                               index of the first reduced axis (gpu: two_shifts)
 XLA:CPU, one device            the kernel (kernel: normalize). Forward: rows in two passes
                                (one YNNPACK fusion); columns ``Σx ∥ Σx²`` checked with an
                                exact second pass (cpu: checked_moments); channel groups in
