@@ -400,3 +400,40 @@ def test_uncut_gspmd_statistics_stay_exact_far_off_centre(rng, monkeypatch, shap
   x64 = x.astype(np.float64)
   np.testing.assert_allclose(np.asarray(m.mean), x64.mean(axes), rtol=1e-7)
   np.testing.assert_allclose(np.asarray(m.var), x64.var(axes), rtol=5e-6)
+
+
+@pytest.mark.parametrize("at_once", [True, False], ids=["at-once", "one-by-one"])
+def test_blocks_merged_either_way_stay_exact_far_off_centre(rng, monkeypatch, at_once):
+  """BatchNorm's statistics over a sharded batch, cut into the mesh's blocks, merged by one
+  reduction with the merge as its combiner (TPUs, ``sharding.blocks_merged_at_once``,
+  RESULTS item 84) or one block after another (GPUs, XLA:CPU): data at 1e4 ± 1, the
+  mean and variance within float32 rounding of the float64 reference
+  (``E[x²] − E[x]²`` in float32 is off by far more than the variance there), and the
+  gradient of the normalized output matching the reference's."""
+  from jaxnorm._engine import maths
+
+  monkeypatch.setattr(maths, "blocks_merged_at_once", lambda x: at_once)
+  jax.clear_caches()
+  mesh = jax.make_mesh((N_DEV,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+  x = rng.normal(1e4, 1.0, (2 * N_DEV, 3, 3, 5)).astype(np.float32)
+  axes = (0, 1, 2)
+  with jax.set_mesh(mesh):
+    xs = jax.device_put(x, NamedSharding(mesh, P("d")))
+    m = jax.jit(lambda x: jaxnorm.moments(x, axes))(xs)
+    text = jax.jit(lambda x: jaxnorm.moments(x, axes)).lower(xs).compile().as_text()
+    w = rng.normal(size=x.shape)
+    grad = jax.jit(
+      jax.grad(lambda x: jnp.sum(jaxnorm.normalize(x, axes) * jnp.asarray(w, jnp.float32)))
+    )(xs)
+  jax.clear_caches()
+  # (the blocks' four sums gathered whole: an all-reduce of each device's slot)
+  pattern = r"= (f32\[[\d,]*\])\S* (?:all-gather|all-reduce)(?:-start)?\("
+  assert re.findall(pattern, text) == [f"f32[4,{N_DEV},5]"], re.findall(pattern, text)
+  x64 = x.astype(np.float64)
+  np.testing.assert_allclose(np.asarray(m.mean), x64.mean(axes), rtol=1e-7)
+  np.testing.assert_allclose(np.asarray(m.var), x64.var(axes), rtol=5e-6)
+  # d/dx Σ w·x̂ = (w − mean(w) − x̂·mean(w·x̂)) / σ, per channel, in float64
+  mu, sd = x64.mean(axes, keepdims=True), np.sqrt(x64.var(axes, keepdims=True) + 1e-5)
+  xhat = (x64 - mu) / sd
+  want = (w - w.mean(axes, keepdims=True) - xhat * (w * xhat).mean(axes, keepdims=True)) / sd
+  np.testing.assert_allclose(np.asarray(grad), want, atol=2e-3 * np.abs(want).max())
