@@ -256,7 +256,7 @@ def stacks(mesh: Mesh, platform: str, repeats: int = 7):
 def steps(platform: str, topology: str = "v5e:2x2"):
   """Whole training steps of every model in ``tests/models.py`` on one chip and data
   parallel over 4 (the batch sharded, the variables replicated, shapes with their
-  shardings): each device's kernels and bytes (:func:`measure`, per device), jaxnorm over
+  shardings): each device's kernels and bytes (``models.step_costs``), jaxnorm over
   Flax's default and over its exact program (``use_fast_variance=False``), and the
   collectives of each (issue 53's point 4)."""
   chips4 = devices.tpu_mesh(topology, 4).devices if platform == "tpu" else devices.h100_devices(4)
@@ -267,14 +267,11 @@ def steps(platform: str, topology: str = "v5e:2x2"):
   for name, cls, _ in models.MODELS:
     for chips in (1, 4):
       mesh = Mesh(np.array(list(chips4)[:chips]), ("d",))
-      got, coll = {}, {}
-      for k, lib in libs.items():
-        compiled = models.training_step(cls.__name__, lib, mesh, P("d") if chips > 1 else None)
-        got[k] = measure(compiled, 1, platform)
-        coll[k] = sum(count(compiled.as_text()).values())
-      (kj, bj), (kf, bf), (ke, be) = got.values()
+      batch = P("d") if chips > 1 else None
+      got = models.step_costs(cls.__name__, libs, mesh, platform, batch)
+      (kj, bj, cj), (kf, bf, cf), (ke, be, _) = got.values()
       print(f"| {name} | {chips} | {kj} / {kf} / {ke} | {kj / kf:.3f} | {kj / ke:.3f} "
-            f"| {bj / bf:.4f} | {bj / be:.4f} | {coll['jaxnorm']} / {coll['flax']} |",
+            f"| {bj / bf:.4f} | {bj / be:.4f} | {sum(cj.values())} / {sum(cf.values())} |",
             flush=True)  # fmt: skip
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tests import hlo
 from tests.programs import abstract
 
 SEQ, CNN = (8, 128, 256), (8, 16, 16, 64)
@@ -188,3 +189,14 @@ def training_step(name, lib, mesh, batch=None):
     abstract(x, NamedSharding(mesh, batch or P())),
   )
   return jax.jit(step).lower(*args).compile()
+
+
+def step_costs(name, libs, mesh, platform, batch=None):
+  """Each library's :func:`training_step` of model ``name`` (``libs``: label → library),
+  measured per device: ``{label: (kernels, bytes, collectives)}`` (``hlo.measure`` on
+  ``platform``, ``hlo.count``)."""
+  got = {}
+  for label, lib in libs.items():
+    compiled = training_step(name, lib, mesh, batch)
+    got[label] = (*hlo.measure(compiled, 1, platform), hlo.count(compiled.as_text()))
+  return got

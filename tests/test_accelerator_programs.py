@@ -432,9 +432,8 @@ def test_tpu_training_steps_cost_less_than_flaxs_exact_program(model):
   arithmetic off each sum (ResNet-50 625 kernels against the exact program's 602 and
   Flax's 474; the Transformer 339 against 302, RESULTS item 79)."""
   mesh = Mesh(np.array(tpu_devices()[:1]), ("d",))
-  got = {}
-  for name, lib in (("jaxnorm", jaxnorm), ("flax", nn), ("exact", models.flax_exact())):
-    got[name] = hlo.measure(models.training_step(model, lib, mesh), 1, "tpu")
+  libs = {"jaxnorm": jaxnorm, "flax": nn, "exact": models.flax_exact()}
+  got = {k: v[:2] for k, v in models.step_costs(model, libs, mesh, "tpu").items()}
   (k, b), (kf, bf), (ke, be) = got["jaxnorm"], got["flax"], got["exact"]
   kernels, moved = STEP_BOUNDS[model]
   assert k <= ke and b <= be, got
@@ -547,10 +546,7 @@ def test_tpu_data_parallel_steps_cost_flaxs_per_device(model):
   blocks: 401 kernels against 305 and 1.088× the bytes, and 653 against 450 (RESULTS item
   81); with BatchNorm's blocks merged one by one, ResNet-50 1,450 against 797 (item 84)."""
   mesh = Mesh(np.array(tpu_devices()[:4]), ("d",))
-  got = {}
-  for name, lib in (("jaxnorm", jaxnorm), ("flax", nn)):
-    compiled = models.training_step(model, lib, mesh, batch=P("d"))
-    got[name] = (*hlo.measure(compiled, 1, "tpu"), hlo.count(compiled.as_text()))
+  got = models.step_costs(model, {"jaxnorm": jaxnorm, "flax": nn}, mesh, "tpu", P("d"))
   (k, b, c), (kf, bf, cf) = got["jaxnorm"], got["flax"]
   kernels, moved = SHARDED_STEP_BOUNDS[model]
   assert k <= kernels * kf and b <= moved * bf, (k / kf, b / bf)
@@ -747,10 +743,8 @@ def test_h100_training_steps_cost_flaxs(model, chips):
   (ResNet-50's BatchNorms: 53 all-reduces and 49 small all-gathers against 102
   all-reduces) and no collective-permute."""
   mesh = h100_mesh((chips,), ("d",))
-  got = {}
-  for name, lib in (("jaxnorm", jaxnorm), ("flax", nn)):
-    compiled = models.training_step(model, lib, mesh, batch=P("d") if chips > 1 else None)
-    got[name] = (*hlo.measure(compiled, 1, "gpu"), hlo.count(compiled.as_text()))
+  batch = P("d") if chips > 1 else None
+  got = models.step_costs(model, {"jaxnorm": jaxnorm, "flax": nn}, mesh, "gpu", batch)
   (k, b, c), (kf, bf, cf) = got["jaxnorm"], got["flax"]
   kernels, moved = H100_STEP_BOUNDS[model, chips]
   assert k <= kernels * kf and b <= moved * bf, (k / kf, b / bf)
