@@ -81,6 +81,7 @@ SUITE = [  # (shape's name, norm, shape, dtype), in the order they run
   ("ResNet-50 conv2, 256 × 56 × 56 × 64", "group", (256, 56, 56, 64), BF16),
   ("DiT/UNet map, 16 × 64 × 64 × 320", "group", (16, 64, 64, 320), BF16),
   ("DiT/UNet map, 16 × 64 × 64 × 320", "instance", (16, 64, 64, 320), BF16),
+  ("SD UNet level 1, batch 2, 2 × 64 × 64 × 320", "group", (2, 64, 64, 320), BF16),  # (chunks)
   # The modern norms against the hand-written jnp forms (bench_modern.py).
   ("DiT-XL tokens, 32 × 256 × 1152", "adaln", (32, 256, 1152), BF16),
   ("DiT-XL tokens, 32 × 256 × 1152", "adarms", (32, 256, 1152), BF16),

@@ -43,6 +43,15 @@ def _fused_rows(limit: int):
   return apply
 
 
+def _column_programs(limit: int):
+  def apply(set_attr):
+    from jaxnorm._engine import gpu  # noqa: PLC0415
+
+    set_attr(gpu, "COLUMN_PROGRAMS", limit)
+
+  return apply
+
+
 BATCH_TRAIN = r"batch_train"
 VARIANTS = {
   "global-shifts": Variant(
@@ -56,6 +65,12 @@ VARIANTS = {
     "the shipped engine stops at 64, item 73)",
     BATCH_TRAIN,
     _per_sample_batch(1 << 62),
+  ),
+  "columns-whole": Variant(
+    "XLA:GPU's per-sample column statistics as before item 85: long columns with few kept "
+    "indices in one run, the two shifted sums apart (compiled, x − a was written out)",
+    r"(group|instance) \w+ 2x64x64x320$",
+    _column_programs(0),
   ),
   "fused-rows-16384": Variant(
     "XLA:GPU's one-kernel LayerNorm forward up to 16,384 elements a row (item 72 stops at 8,192)",

@@ -178,6 +178,7 @@ def test_each_variant_changes_the_gpu_program_of_the_cases_it_names(monkeypatch)
     "global-shifts": (lambda x: jaxnorm.batch_norm(x)[0], (4, 8, 8, 8)),
     "all-per-sample": (lambda x: jaxnorm.batch_norm(x)[0], (96, 4, 4, 8)),
     "fused-rows-16384": (jaxnorm.layer_norm, (2, 12288)),
+    "columns-whole": (lambda x: jaxnorm.group_norm(x, num_groups=4), (2, 32, 32, 8)),
   }
 
   def jaxpr(name):
@@ -188,7 +189,7 @@ def test_each_variant_changes_the_gpu_program_of_the_cases_it_names(monkeypatch)
 
   for name, variant in variants.VARIANTS.items():
     named = [c for c in gpu_suite.SUITE if re.search(variant.cases, _case_text(c))]
-    assert named and {c[1] for c in named} <= {"batch_train", "layer"}, name
+    assert named and {c[1] for c in named} <= {"batch_train", "layer", "group"}, name
     shipped = jaxpr(name)
     with monkeypatch.context() as patch:
       variant.apply(patch.setattr)

@@ -10,10 +10,12 @@
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 
 from jaxnorm._engine.maths import elements_per_group, merged_over, shifted_parts, shifts, two_pass
-from jaxnorm._engine.sharding import mesh_blocks
+from jaxnorm._engine.sharding import mesh_blocks, on_mesh
 
 
 def two_shifts(raw, axes, dtype, per_outer=False):
@@ -24,11 +26,62 @@ def two_shifts(raw, axes, dtype, per_outer=False):
   one pair of shifts per index of the first reduced axis, the sums over the others,
   merged over it: where GSPMD shards that axis the shifts stay on their shard, and one
   gather combines the shards (two broadcasts and 4 all-reduces for a BatchNorm over 4
-  GPUs otherwise). Over batches of up to :data:`PER_SAMPLE_BATCH` also off a mesh."""
+  GPUs otherwise). Over batches of up to :data:`PER_SAMPLE_BATCH` also off a mesh.
+
+  With few kept indices (:func:`few_kept`) both sums are one reduction (as two, x was
+  read twice: 4|x| forward against Flax's 3 for a GroupNorm at 8 × 16 × 16 × 64), and
+  off a mesh long columns are summed in chunks (:func:`column_chunks`; RESULTS item 85).
+  """
+  few = few_kept(raw.shape, axes)
+  if few and not per_outer and axes and axes[0] > 0 and not on_mesh(raw):
+    if (k := column_chunks(raw.shape, axes)) > 1:  # (sums per chunk, merged over them)
+      a, d = axes[0], raw.shape[axes[0]]
+      split = raw.reshape(raw.shape[:a] + (k, d // k) + raw.shape[a + 1 :])
+      parts = _shifted(split, (a, a + 1, *(b + 1 for b in axes[1:])), dtype, True, True)
+      return tuple(jnp.squeeze(t, a) for t in parts)
+  # (BatchNorm's sums per sample off a mesh apart: stacked, 2 kernels more forward+backward)
+  stacked = few and (on_mesh(raw) or not per_outer)
+  return _shifted(raw, axes, dtype, per_outer, stacked)
+
+
+def _shifted(raw, axes, dtype, per_outer, stacked):
   inner = axes[1:] if per_outer and len(axes) > 1 else axes
   ab = tuple(s.astype(dtype) for s in shifts(raw, inner))
-  parts = shifted_parts(raw.astype(dtype), inner, None, ab)
+  parts = shifted_parts(raw.astype(dtype), inner, None, ab, stacked=stacked)
   return parts if inner == axes else merged_over(parts, axes[:1], mesh_blocks(raw, axes))
+
+
+# Column reductions with few kept indices, fewer than COLUMN_PROGRAMS (at most that many
+# over 4,096 elements or more), which XLA:GPU runs on few programs. Its cost model counts
+# a reduction's broadcast shift as read in full, and over 257 to 16,383 elements per kept
+# index (longer ones it splits itself) it did not fuse such a reduction with its
+# ``x − a``: the difference was written out, 12|x| forward against Flax's 4 for a
+# bfloat16 GroupNorm at 2 × 64 × 64 × 320. Those are summed in chunks of their first
+# reduced axis, of at most COLUMN_CHUNK elements or enough chunks to reach that many
+# kept indices (RESULTS item 85).
+COLUMN_PROGRAMS, COLUMN_CHUNK, COLUMN_SPLIT = 2048, 256, 16384
+
+
+def few_kept(shape: tuple[int, ...], axes: tuple[int, ...]) -> bool:
+  """Whether a column reduction of ``shape`` over ``axes`` keeps few indices (its two
+  shifted sums then taken in one reduction: as two, a GroupNorm's merge over its channels
+  took one in and x was read twice; with many, stacking them cost two kernels)."""
+  n = math.prod(shape[a] for a in axes)
+  return math.prod(shape) // max(n, 1) < COLUMN_PROGRAMS + (n >= 4096)
+
+
+def column_chunks(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:
+  """Into how many chunks :func:`two_shifts` cuts the first of ``axes`` of a reduction
+  with few kept indices (each chunk summed around its own shifts, the chunks merged): 1
+  where XLA:GPU reads it in one pass as it is, else the fewest that divide that axis and
+  give :data:`COLUMN_PROGRAMS` kept indices or at most :data:`COLUMN_CHUNK` elements per
+  chunk (each index of it where none does)."""
+  d, n = shape[axes[0]], math.prod(shape[a] for a in axes)
+  kept = math.prod(shape) // max(n, 1)
+  if not COLUMN_CHUNK < n < COLUMN_SPLIT:
+    return 1
+  fits = (k for k in range(2, d + 1) if d % k == 0)
+  return next((k for k in fits if kept * k >= COLUMN_PROGRAMS or n // k <= COLUMN_CHUNK), d)
 
 
 # The longest row :func:`row_moments` takes. XLA:GPU's one-kernel row fusion holds a row

@@ -180,7 +180,7 @@ def merged_sums(raw, axes, dtype, known=False):
   return (jnp.full_like(n, elements_per_group(raw.shape, axes)) if known else n, *sums)
 
 
-def shifted_parts(x, axes, groups, shifts, raw=None):
+def shifted_parts(x, axes, groups, shifts, raw=None, stacked=False):
   """``(n, a, s₁, s₂)`` around ``a`` from one parallel pass of sums shifted by two elements
   ``a`` and ``b`` of each group (``shifts``, from :func:`shifts`): ``s₁ = Σ(x − a)`` and
   ``Σ(x − b)²``, moved onto ``a`` on the small sums. Shifting by an element of the group
@@ -188,9 +188,15 @@ def shifted_parts(x, axes, groups, shifts, raw=None):
   most ``(mean − b)²/var ≤ n`` (an element lies within ``sqrt(n)`` standard deviations
   of the mean), typically ~1, instead of ``mean²/var`` for ``E[x²] − E[x]²`` (Flax's
   fast variance), which is unbounded. With ``raw`` (x before its conversion), each sum reads
-  it on its own (``barriers.converted_apart``; ``benchmarks/RESULTS.md``, items 11 and 56)."""
+  it on its own (``barriers.converted_apart``; ``benchmarks/RESULTS.md``, items 11 and 56);
+  ``stacked``: both sums in one reduction of the two differences stacked."""
   x, y, a, b = (x, x, *shifts) if raw is None else converted_apart(raw, x.dtype, 2, *shifts)
-  s1, t2 = group_sum(x - a, axes, groups), group_sum(jnp.square(y - b), axes, groups)
+  if stacked:
+    outer = None if groups is None else (groups[0] + 1, groups[1])
+    both = jnp.stack([x - a, jnp.square(y - b)])
+    s1, t2 = group_sum(both, tuple(i + 1 for i in axes), outer)
+  else:
+    s1, t2 = group_sum(x - a, axes, groups), group_sum(jnp.square(y - b), axes, groups)
   n = jnp.full_like(s1, elements_per_group(x.shape, axes, groups))
   delta = b - a
   return n, a, s1, t2 + delta * (2 * s1 - n * delta)

@@ -34,7 +34,9 @@ GPUs                           Flax's program; rows of up to 8,192 elements: two
                                forward (gpu: row_moments, one kernel with the norm), the
                                merged sums differentiated and for longer rows;
                                columns: sums shifted by two elements (gpu: two_shifts),
-                               over batches of up to 64 per index of it, merged over it
+                               over batches of up to 64 per index of it, merged over it;
+                               with few kept indices both sums in one reduction, long
+                               columns in chunks merged (gpu: few_kept, column_chunks)
 ``implementation="pallas"``    the Pallas row kernels (pallas_rows: normalize_rows), each
                                platform's traced, the lowering keeping its own (pallas)
 =============================  ==============================================================
