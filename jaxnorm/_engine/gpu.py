@@ -2,7 +2,9 @@
 
 - Column reductions (the reduced axes short of the last): XLA:GPU writes a variadic column
   reduction's operands out (14|x| against Flax's 3), so plain sums shifted by two elements
-  of each group, :func:`two_shifts` (3|x|, ``benchmarks/RESULTS.md``, item 47);
+  of each group, :func:`two_shifts` (3|x|, ``benchmarks/RESULTS.md``, item 47); with few
+  kept indices (:func:`few_kept`) both sums in one reduction, long columns in chunks
+  (:func:`column_chunks`), where XLA:GPU wrote ``x − a`` out or read x twice (item 85);
 - undifferentiated rows (the last axis alone) of at most :data:`FUSED_ROW` elements: two
   passes, :func:`row_moments`, which XLA:GPU turns with the norm into one kernel (2|x|
   against Flax's 3).
@@ -45,6 +47,7 @@ def two_shifts(raw, axes, dtype, per_outer=False):
 
 
 def _shifted(raw, axes, dtype, per_outer, stacked):
+  """:func:`two_shifts`' sums without chunks (``stacked``: in one reduction)."""
   inner = axes[1:] if per_outer and len(axes) > 1 else axes
   ab = tuple(s.astype(dtype) for s in shifts(raw, inner))
   parts = shifted_parts(raw.astype(dtype), inner, None, ab, stacked=stacked)
