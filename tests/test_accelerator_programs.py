@@ -631,8 +631,9 @@ def test_h100_per_sample_statistics_read_x_once(kind, shape, dtype):
   """GroupNorm and InstanceNorm compiled for an H100 where XLA:GPU wrote the shifted
   ``x − a`` out or read x twice (RESULTS item 85): forward and forward+backward move
   Flax's bytes (within 1 %), with no more kernels than Flax's exact program. Long columns
-  with few kept indices in chunks (``gpu.column_chunks``; without them 2.2-3.0× Flax's
-  bytes forward), both shifted sums in one reduction (as two, 1.33× at 8 × 16 × 16 × 64)."""
+  with few kept indices in chunks (``gpu.column_chunks``; without them 3.66× and 2.33×
+  Flax's bytes forward), both shifted sums in one reduction (as two, 1.33× at 8 × 16 ×
+  16 × 64)."""
   replicated = NamedSharding(h100_mesh(), P())
   compiled, _ = programs.compiled(kind, shape, dtype, replicated)
   for program in ("forward", "fwd+bwd"):
