@@ -39,7 +39,8 @@ def two_shifts(raw, axes, dtype, per_outer=False):
     if (k := column_chunks(raw.shape, axes)) > 1:  # (sums per chunk, merged over them)
       a, d = axes[0], raw.shape[axes[0]]
       split = raw.reshape(raw.shape[:a] + (k, d // k) + raw.shape[a + 1 :])
-      parts = _shifted(split, (a, a + 1, *(b + 1 for b in axes[1:])), dtype, True, True)
+      split_axes = (a, a + 1, *(b + 1 for b in axes[1:]))
+      parts = _shifted(split, split_axes, dtype, per_outer=True, stacked=True)
       return tuple(jnp.squeeze(t, a) for t in parts)
   # (BatchNorm's sums per sample off a mesh apart: stacked, 2 kernels more forward+backward)
   stacked = few and (on_mesh(raw) or not per_outer)
@@ -69,8 +70,8 @@ def few_kept(shape: tuple[int, ...], axes: tuple[int, ...]) -> bool:
   """Whether a column reduction of ``shape`` over ``axes`` keeps few indices (its two
   shifted sums then taken in one reduction: as two, a GroupNorm's merge over its channels
   took one in and x was read twice; with many, stacking them cost two kernels)."""
-  n = math.prod(shape[a] for a in axes)
-  return math.prod(shape) // max(n, 1) < COLUMN_PROGRAMS + (n >= 4096)
+  n, kept = _sizes(shape, axes)
+  return kept < COLUMN_PROGRAMS + (n >= 4096)
 
 
 def column_chunks(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:
@@ -79,12 +80,17 @@ def column_chunks(shape: tuple[int, ...], axes: tuple[int, ...]) -> int:
   where XLA:GPU reads it in one pass as it is, else the fewest that divide that axis and
   give :data:`COLUMN_PROGRAMS` kept indices or at most :data:`COLUMN_CHUNK` elements per
   chunk (each index of it where none does)."""
-  d, n = shape[axes[0]], math.prod(shape[a] for a in axes)
-  kept = math.prod(shape) // max(n, 1)
+  (n, kept), d = _sizes(shape, axes), shape[axes[0]]
   if not COLUMN_CHUNK < n < COLUMN_SPLIT:
     return 1
   fits = (k for k in range(2, d + 1) if d % k == 0)
   return next((k for k in fits if kept * k >= COLUMN_PROGRAMS or n // k <= COLUMN_CHUNK), d)
+
+
+def _sizes(shape, axes):
+  """The elements summed per kept index of a reduction over ``axes``, and the kept indices."""
+  n = elements_per_group(shape, axes)
+  return n, math.prod(shape) // max(n, 1)
 
 
 # The longest row :func:`row_moments` takes. XLA:GPU's one-kernel row fusion holds a row
