@@ -8,8 +8,10 @@ call, end to end, labelled as such) and its floor (the least traffic a norm can 
 ``bench_norms.floor_kernels``: forward 2|x|, forward+backward 5|x|, Add & Norm's with its
 residual; each floor kernel timed on its own and its compiled bytes recorded against the
 traffic it is credited with, ``floor_traffic``), model bytes per second and the
-fraction of the copy bandwidth measured in the same run; then the whole training steps of
-``bench_e2e.py``, device-timed. Working sets below twice the L2 are labelled "L2-warm".
+fraction of the copy bandwidth measured in the same run; then whole programs, device-timed:
+the training steps of ``bench_e2e.py`` and the ResNet-50, UNet, Transformer and GPT-2
+programs of ``tests/models.py`` (:data:`MODEL_STEPS`). Working sets below twice the L2 are
+labelled "L2-warm".
 
 Shapes, named (``SUITE``): Llama rows (tokens × 4096, × 8192, bfloat16), GPT-2/ViT rows
 (× 768), Liger-Kernel's M = 4096 × N ∈ {1k, 2k, 4k, 8k, 16k} float32 LayerNorm, tokamax's
@@ -28,9 +30,9 @@ device's name) go to ``benchmarks/results/<device>/``; ``--budget`` seconds boun
 the CPU in seconds (``benchmarks/tests/test_gpu_suite.py``), so that the suite never rots
 between GPU runs.
 
-``--variant NAME`` runs an engine alternative of ``variants.py`` on its cases alone (into
-``gpu_suite_NAME.*``), to be read against the shipped engine's rows of the same device
-run; ``device_run.sh`` is the whole device run in one call.
+``--variant NAME`` runs an engine alternative of ``variants.py`` on its cases and whole
+programs alone (into ``gpu_suite_NAME.*``), to be read against the shipped engine's rows
+of the same device run; ``device_run.sh`` is the whole device run in one call.
 
   python benchmarks/gpu_suite.py [--smoke] [--budget 420] [--tune 180] [--out DIR] [--no-steps]
                                  [--cases REGEX] [--variant NAME]
@@ -57,7 +59,7 @@ import pallas_tune  # noqa: E402
 import peers  # noqa: E402
 import variants  # noqa: E402
 
-from tests import programs  # noqa: E402
+from tests import models, programs  # noqa: E402
 
 BF16, F32 = jnp.bfloat16, jnp.float32
 SUITE = [  # (shape's name, norm, shape, dtype), in the order they run
@@ -162,20 +164,55 @@ def measure_case(
   return rows
 
 
-def measure_steps(n):
-  """bench_e2e.py's whole training steps, jaxnorm against Flax, device-timed."""
+# The whole programs of tests/models.py that issue 53 names, beside bench_e2e's steps: the
+# ResNet-50 and GroupNorm UNet training steps (one H100 compiled: 1.18x and 0.94x Flax's
+# kernels, item 85) and the LayerNorm models' inference, where XLA:GPU's one-kernel row
+# norm runs (compiled: fewer kernels, more bytes, 1.1-1.4x Flax's compile time, item 86).
+MODEL_STEPS = {
+  "ResNet-50 step, batch 8 × 64², float32": ("ResNet50", "training"),
+  "GroupNorm UNet step, float32": ("UNetStack", "training"),
+  "Pre-LN Transformer inference, float32": ("TransformerStack", "inference"),
+  "GPT-2 small inference, 8 × 1024 tokens": ("GPT2Small", "inference"),
+}
+
+
+def step_cases(smoke=False):
+  """``{name: make(lib) → (jitted step, args)}``: bench_e2e.py's training steps, then the
+  models' programs (:data:`MODEL_STEPS`); ``smoke``: the Transformer stack's inference
+  alone, small enough for a CPU."""
   import bench_e2e
+
+  def model(cls_name, program):
+    def make(lib):
+      cls, shape = next((c, s) for _, c, s in models.MODELS if c.__name__ == cls_name)
+      fn, variables, x = models.programs(cls, lib, shape)[program]
+      return jax.jit(fn), (variables, x)
+
+    return make
+
+  cases = {} if smoke else {
+    "Pre-LN Transformer step, float32": lambda lib: bench_e2e.transformer_step(lib, F32),
+    "Pre-LN Transformer step, bfloat16": lambda lib: bench_e2e.transformer_step(lib, BF16),
+    "ResNet-18 step, shard_map BatchNorm": bench_e2e.resnet_step,
+  }  # fmt: skip
+  for name, (cls_name, program) in MODEL_STEPS.items():
+    if not smoke or cls_name == "TransformerStack":
+      cases[name] = model(cls_name, program)
+  return cases
+
+
+def measure_steps(n, only=None, smoke=False, done=None):
+  """Whole steps (:func:`step_cases`), jaxnorm against Flax, device-timed; ``only``: a
+  regex over their names; ``done(rows)`` after each, so that a run stopped by its timeout
+  keeps the steps it timed."""
   import flax.linen as nn
 
   import jaxnorm
 
-  cases = {
-    "Pre-LN Transformer step, float32": lambda lib: bench_e2e.transformer_step(lib, F32),
-    "Pre-LN Transformer step, bfloat16": lambda lib: bench_e2e.transformer_step(lib, BF16),
-    "ResNet-18 step, shard_map BatchNorm": bench_e2e.resnet_step,
-  }
   rows = []
-  for name, make in cases.items():
+  for name, make in step_cases(smoke).items():
+    if only is not None and not re.search(only, name):
+      continue
     t = {}
     for lib in (jaxnorm, nn):
       step, args = make(lib)
@@ -197,6 +234,8 @@ def measure_steps(n):
       )  # fmt: skip
     )
     print(f"{name}: jaxnorm {a * 1e6:.0f} µs, Flax {b * 1e6:.0f} µs ({method})", flush=True)
+    if done is not None:
+      done(rows)
   return rows
 
 
@@ -261,15 +300,15 @@ def main(argv=None):
   ap.add_argument("--tune", type=float, default=180.0, help="seconds for pallas_tune.py")
   args = ap.parse_args(argv)
   variant = variants.VARIANTS[args.variant] if args.variant else None
-  if variant:  # (before anything is traced; the Pallas check, tuner and steps are the
-    variant.apply(setattr)  # shipped run's)
-    args.cases, args.no_steps, args.tune = args.cases or variant.cases, True, 0
+  if variant:  # (before anything is traced; the Pallas check and tuner are the shipped
+    variant.apply(setattr)  # run's, and its steps those the variant names)
+    args.cases, args.no_steps, args.tune = args.cases or variant.cases, not variant.steps, 0
   start = time.perf_counter()
   device = jax.devices()[0]
   suite = SMOKE if args.smoke else SUITE
   n = args.iterations or (4 if args.smoke else 20)
   min_seconds = 0.002 if args.smoke else 0.02
-  libs = {} if args.smoke else peers.available()
+  libs = {} if args.smoke or variant else peers.available()  # (a variant: against Flax)
   copy_bw = copy_bandwidth((1 << 20) if args.smoke else (1 << 30), n, min_seconds)
   print(f"{device.device_kind}: copy {copy_bw / 1e9:.0f} GB/s", flush=True)
   # (a subset, --cases or --smoke, into results/<device>/partial: never over the full run)
@@ -289,7 +328,7 @@ def main(argv=None):
       skipped.append(name)
       continue
     # (the Pallas kernels run interpreted on a CPU: its times mean nothing, past the smoke run)
-    pallas = args.smoke or device.platform != "cpu"
+    pallas = (args.smoke or device.platform != "cpu") and not variant
     case = measure_case(label, kind, shape, dtype, libs, n, device, copy_bw, min_seconds, pallas)
     rows += case
     best = {r["pass_"]: r["to_flax"] for r in case if r["impl"] == "jaxnorm"}
@@ -324,7 +363,8 @@ def main(argv=None):
     pallas_tune.main(
       (["--smoke"] if args.smoke else []) + ["--budget", str(args.tune), "--out", out]
     )
-  steps = [] if args.no_steps or args.smoke else measure_steps(n)
+  only = variant.steps if variant else None
+  steps = [] if args.no_steps else measure_steps(n, only, args.smoke, done=write)
   meta = write(steps)
   print(f"wrote {out}/{stem}.json and {stem}.md in {meta['seconds']:.0f} s", flush=True)
   return meta, rows

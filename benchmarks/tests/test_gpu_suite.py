@@ -15,6 +15,9 @@ def test_smoke_run_writes_every_case(tmp_path):
   assert saved["meta"]["smoke"] and saved["rows"] == json.loads(json.dumps(rows))
   assert saved["meta"]["pallas_check_ok"] and (tmp_path / "pallas_device_check.json").exists()
   assert (tmp_path / "gpu_suite.md").read_text().startswith("# Device-timed suite: cpu")
+  # (the whole programs: on a CPU the smallest, the Transformer stack's inference)
+  assert [s["step"] for s in saved["steps"]] == ["Pre-LN Transformer inference, float32"]
+  assert saved["steps"][0]["jaxnorm_us"] > 0 and saved["steps"][0]["flax_us"] > 0
   impls = {(r["norm"], r["pass_"], r["impl"]) for r in rows}
   for _, kind, _, _ in gpu_suite.SMOKE:
     for pass_ in gpu_suite.PASSES:
@@ -176,7 +179,7 @@ def test_each_variant_changes_the_gpu_program_of_the_cases_it_names(monkeypatch)
 
   forms = {  # (a batch on the side of gpu.PER_SAMPLE_BATCH each variant moves)
     "global-shifts": (lambda x: jaxnorm.batch_norm(x)[0], (4, 8, 8, 8)),
-    "all-per-sample": (lambda x: jaxnorm.batch_norm(x)[0], (96, 4, 4, 8)),
+    "rows-merged": (jaxnorm.layer_norm, (2, 768)),
     "fused-rows-16384": (jaxnorm.layer_norm, (2, 12288)),
     "columns-whole": (lambda x: jaxnorm.group_norm(x, num_groups=4), (2, 32, 32, 8)),
   }
@@ -213,6 +216,18 @@ def test_a_variant_run_writes_its_own_files(tmp_path, monkeypatch):
   assert saved["meta"]["variant"].startswith("global-shifts: ")
   assert not (tmp_path / "gpu_suite.json").exists()
   assert "Variant global-shifts" in (tmp_path / "gpu_suite_global-shifts.md").read_text()
+
+
+def test_a_variant_times_the_whole_programs_it_names(tmp_path, monkeypatch):
+  """``rows-merged`` concerns the LayerNorm models' inference: its run times those whole
+  programs with the variant applied (the shipped run's steps are the others' reference)."""
+  from jaxnorm._engine import gpu
+
+  monkeypatch.setattr(gpu, "FUSED_ROW", gpu.FUSED_ROW)  # (restored after this test)
+  gpu_suite.main(["--smoke", "--variant", "rows-merged", "--out", str(tmp_path)])
+  saved = json.loads((tmp_path / "gpu_suite_rows-merged.json").read_text())
+  assert [s["step"] for s in saved["steps"]] == ["Pre-LN Transformer inference, float32"]
+  assert "Pre-LN Transformer inference" in (tmp_path / "gpu_suite_rows-merged.md").read_text()
 
 
 def test_the_device_run_script_brings_back_one_archive(tmp_path):
