@@ -15,10 +15,11 @@ labelled "L2-warm".
 
 Shapes, named (``SUITE``): Llama rows (tokens × 4096, × 8192, bfloat16), GPT-2/ViT rows
 (× 768), Liger-Kernel's M = 4096 × N ∈ {1k, 2k, 4k, 8k, 16k} float32 LayerNorm, tokamax's
-768 × 768 × 128 bfloat16, ResNet-50 activations (NHWC bfloat16, 256 × 56 × 56 × 64 and
-256 × 14 × 14 × 1024) for BatchNorm and GroupNorm, a DiT/UNet GroupNorm map; and the
-modern norms Flax lacks (AdaLN and modulated RMSNorm at DiT-XL's tokens, DyT at Llama's
-rows), whose ``/Flax`` column is against the hand-written ``jnp`` form (``bench_modern.py``).
+768 × 768 × 128 bfloat16, ResNet-50 activations (NHWC bfloat16, 256 × 56 × 56 × 64,
+256 × 14 × 14 × 1024, and 7 × 7 × 2048 at batches 256 and 64) for BatchNorm and
+GroupNorm, a DiT/UNet GroupNorm map; and the modern norms Flax lacks (AdaLN and modulated
+RMSNorm at DiT-XL's tokens, DyT at Llama's rows), whose ``/Flax`` column is against the
+hand-written ``jnp`` form (``bench_modern.py``).
 
 First, ``pallas_device_check.py``: the Pallas kernels' outputs and gradients against
 float64 on the device (its JSON beside the suite's; a kernel with a wrong output is then
@@ -80,6 +81,7 @@ SUITE = [  # (shape's name, norm, shape, dtype), in the order they run
   ("ResNet-50 conv2, 256 × 56 × 56 × 64", "batch_eval", (256, 56, 56, 64), BF16),
   ("ResNet-50 conv4, 256 × 14 × 14 × 1024", "batch_train", (256, 14, 14, 1024), BF16),
   ("ResNet-50 conv5, 256 × 7 × 7 × 2048", "batch_train", (256, 7, 7, 2048), BF16),
+  ("ResNet-50 conv5, 64 a GPU, 64 × 7 × 7 × 2048", "batch_train", (64, 7, 7, 2048), BF16),
   ("ResNet-50 conv2, 256 × 56 × 56 × 64", "group", (256, 56, 56, 64), BF16),
   ("DiT/UNet map, 16 × 64 × 64 × 320", "group", (16, 64, 64, 320), BF16),
   ("DiT/UNet map, 16 × 64 × 64 × 320", "instance", (16, 64, 64, 320), BF16),
