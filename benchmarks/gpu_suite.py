@@ -186,8 +186,7 @@ def step_cases(smoke=False):
 
   def model(cls_name, program):
     def make(lib):
-      cls, shape = next((c, s) for _, c, s in models.MODELS if c.__name__ == cls_name)
-      fn, variables, x = models.programs(cls, lib, shape)[program]
+      fn, variables, x = models.named_programs(cls_name, lib)[program]
       return jax.jit(fn), (variables, x)
 
     return make

@@ -178,12 +178,18 @@ def flax_exact():
   )
 
 
+def named_programs(name, lib):
+  """:func:`programs` of the model class called ``name`` in :data:`MODELS`, on its input
+  shape there."""
+  cls, shape = next((c, s) for _, c, s in MODELS if c.__name__ == name)
+  return programs(cls, lib, shape)
+
+
 def training_step(name, lib, mesh, batch=None):
   """The training step of the model class called ``name`` in :data:`MODELS` over ``lib``'s
   norms, compiled for ``mesh`` from shapes alone: the variables replicated, the input laid
   out by the partition spec ``batch`` (replicated by default)."""
-  cls, shape = next((c, s) for _, c, s in MODELS if c.__name__ == name)
-  step, variables, x = programs(cls, lib, shape)["training"]
+  step, variables, x = named_programs(name, lib)["training"]
   args = (
     abstract(variables, NamedSharding(mesh, P())),
     abstract(x, NamedSharding(mesh, batch or P())),
