@@ -201,7 +201,7 @@ def test_gpu_column_statistics_exact_far_off_centre(rng, groups, form):
     assert jaxnorm._engine.gpu.column_chunks(x.shape, axes) == 4
   mean, var = jax.jit(
     lambda x: jaxnorm._engine.maths.moments_of(
-      jaxnorm._engine.gpu.two_shifts(x, axes, x.dtype, per_outer), groups
+      jaxnorm._engine.gpu.two_shifts(x, axes, x.dtype, per_outer, groups), None
     )
   )(x)
   x64 = x.astype(np.float64)
@@ -223,7 +223,7 @@ def test_gpu_column_statistics_of_channel_groups_alone(rng):
   x = rng.normal(1e4, 1.0, (16, 8)).astype(np.float32)
   mean, var = jax.jit(
     lambda x: jaxnorm._engine.maths.moments_of(
-      jaxnorm._engine.gpu.two_shifts(x, (), x.dtype), (1, 4)
+      jaxnorm._engine.gpu.two_shifts(x, (), x.dtype, groups=(1, 4)), None
     )
   )(x)
   x64 = x.astype(np.float64).reshape(16, 4, 2)
@@ -643,6 +643,36 @@ def test_h100_per_sample_statistics_read_x_once(kind, shape, dtype):
     )
     assert b <= 1.01 * bf, (program, b / bf)
     assert k <= ke, (program, k, ke)
+
+
+H100_GROUP_MERGES = [  # (shape, merges): GroupNorm's float32 statistics on one H100
+  ((8, 16, 16, 64), 0),  # (few kept indices: each group's shifts, no merge)
+  ((2, 64, 64, 320), 1),  # (long columns: in chunks, merged over them)
+  ((32, 32, 32, 512), 1),  # (many kept indices: each channel's shifts, merged over groups)
+]
+
+
+@pytest.mark.parametrize(
+  "shape,merges", H100_GROUP_MERGES, ids=[str(s[-1]) for s, _ in H100_GROUP_MERGES]
+)
+def test_h100_group_norm_merges_no_channels_where_few(shape, merges):
+  """XLA:GPU's GroupNorm off a mesh with few kept indices: sums shifted by two elements of
+  each channel group, no merge over a group's channels (a reduction with its own
+  combiner, a tuple-shaped reduce), with which a 10-GroupNorm UNet's inference program
+  took 1.52-1.59× Flax's lower + compile time against 1.35-1.42× (RESULTS item 87);
+  with many, each channel's shifts, merged (each group's took 8 kernels forward at 32 ×
+  32 × 32 × 512 against Flax's 6 and its exact program's 7). Exactness far off centre:
+  ``test_gpu_column_statistics_exact_far_off_centre``."""
+  replicated = NamedSharding(h100_mesh(), P())
+  compiled, _ = programs.compiled("group", shape, "float32", replicated)
+  for program in ("forward", "fwd+bwd"):
+    text = compiled[("jaxnorm", program)].as_text()
+    found = re.findall(r"= \((?:[a-z0-9]+\[[^]]*\]\{[^}]*\}, )+[^)]*\) reduce\(", text)
+    assert len(found) == merges, program
+  k, ke = (
+    hlo.kernels_and_bytes(compiled[(lib, "forward")].as_text())[0] for lib in ("jaxnorm", "flax2")
+  )
+  assert k <= ke, (k, ke)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -4,7 +4,9 @@
   reduction's operands out (14|x| against Flax's 3), so plain sums shifted by two elements
   of each group, :func:`two_shifts` (3|x|, ``benchmarks/RESULTS.md``, item 47); with few
   kept indices (:func:`few_kept`) both sums in one reduction, long columns in chunks
-  (:func:`column_chunks`), where XLA:GPU wrote ``x − a`` out or read x twice (item 85);
+  (:func:`column_chunks`), where XLA:GPU wrote ``x − a`` out or read x twice (item 85),
+  and off a mesh channel groups shifted by elements of each group, not merged over its
+  channels, a reduction XLA:GPU was slow to compile (item 87);
 - undifferentiated rows (the last axis alone) of at most :data:`FUSED_ROW` elements: two
   passes, :func:`row_moments`, which XLA:GPU turns with the norm into one kernel (2|x|
   against Flax's 3).
@@ -16,42 +18,60 @@ import math
 
 import jax.numpy as jnp
 
-from jaxnorm._engine.maths import elements_per_group, merged_over, shifted_parts, shifts, two_pass
+from jaxnorm._engine.maths import (
+  elements_per_group,
+  merged_over,
+  over_groups,
+  shifted_parts,
+  shifts,
+  two_pass,
+)
 from jaxnorm._engine.sharding import mesh_blocks, on_mesh
 
 
-def two_shifts(raw, axes, dtype, per_outer=False):
+def two_shifts(raw, axes, dtype, per_outer=False, groups=None):
   """``(n, a, s₁, s₂)`` as ``maths.merged_sums``, by ``maths.shifted_parts`` with each kept
   index's first and last elements (one shared ``x − a`` XLA:GPU wrote out: 5|x| against
   3|x| at 8 × 64 × 64 × 320), sliced from ``raw`` itself (no converted copy of a
-  half-precision input written out). With ``per_outer`` (on a mesh, and over the batch),
-  one pair of shifts per index of the first reduced axis, the sums over the others,
-  merged over it: where GSPMD shards that axis the shifts stay on their shard, and one
-  gather combines the shards (two broadcasts and 4 all-reduces for a BatchNorm over 4
-  GPUs otherwise). Over batches of up to :data:`PER_SAMPLE_BATCH` also off a mesh.
+  half-precision input written out), merged over each of the channel ``groups`` and
+  repeated on its channels. With ``per_outer`` (on a mesh, and over the batch), one pair
+  of shifts per index of the first reduced axis, the sums over the others, merged over
+  it: where GSPMD shards that axis the shifts stay on their shard, and one gather
+  combines the shards (two broadcasts and 4 all-reduces for a BatchNorm over 4 GPUs
+  otherwise). Over batches of up to :data:`PER_SAMPLE_BATCH` also off a mesh.
 
   With few kept indices (:func:`few_kept`) both sums are one reduction (as two, x was
   read twice: 4|x| forward against Flax's 3 for a GroupNorm at 8 × 16 × 16 × 64), and
-  off a mesh long columns are summed in chunks (:func:`column_chunks`; RESULTS item 85).
+  off a mesh long columns are summed in chunks (:func:`column_chunks`; RESULTS item 85)
+  and channel groups shifted by two elements of each group, their channels' sums then
+  summed in one small reduction, not merged (a reduction with its own combiner, which
+  XLA:GPU is slow to compile: RESULTS item 87).
   """
   few = few_kept(raw.shape, axes)
+  # (each channel's, merged over its group, with many kept indices, where each group's
+  # took 8 kernels forward against Flax's 6 at 32 × 32 × 32 × 512, and on a mesh, a
+  # 4-H100 UNet step 215 against 201: item 87)
+  own = groups if few and not per_outer else None
   if few and not per_outer and axes and axes[0] > 0 and not on_mesh(raw):
     if (k := column_chunks(raw.shape, axes)) > 1:  # (sums per chunk, merged over them)
       a, d = axes[0], raw.shape[axes[0]]
       split = raw.reshape(raw.shape[:a] + (k, d // k) + raw.shape[a + 1 :])
       split_axes = (a, a + 1, *(b + 1 for b in axes[1:]))
-      parts = _shifted(split, split_axes, dtype, per_outer=True, stacked=True)
+      moved = None if own is None else (own[0] + (own[0] > a), own[1])
+      parts = _shifted(split, split_axes, dtype, True, True, moved)
       return tuple(jnp.squeeze(t, a) for t in parts)
   # (BatchNorm's sums per sample off a mesh apart: stacked, 2 kernels more forward+backward)
   stacked = few and (on_mesh(raw) or not per_outer)
-  return _shifted(raw, axes, dtype, per_outer, stacked)
+  parts = _shifted(raw, axes, dtype, per_outer, stacked, own)
+  return parts if own is not None else over_groups(parts, groups)
 
 
-def _shifted(raw, axes, dtype, per_outer, stacked):
-  """:func:`two_shifts`' sums without chunks (``stacked``: in one reduction)."""
+def _shifted(raw, axes, dtype, per_outer, stacked, groups):
+  """:func:`two_shifts`' sums without chunks (``stacked``: in one reduction), shifted by
+  elements of each channel group (and summed over it) where ``groups`` are given."""
   inner = axes[1:] if per_outer and len(axes) > 1 else axes
-  ab = tuple(s.astype(dtype) for s in shifts(raw, inner))
-  parts = shifted_parts(raw.astype(dtype), inner, None, ab, stacked=stacked)
+  ab = tuple(s.astype(dtype) for s in shifts(raw, inner, groups))
+  parts = shifted_parts(raw.astype(dtype), inner, groups, ab, stacked=stacked)
   return parts if inner == axes else merged_over(parts, axes[:1], mesh_blocks(raw, axes))
 
 

@@ -210,15 +210,21 @@ def squeezed(t, axes):
   return jnp.squeeze(t, axes)
 
 
+def over_groups(parts, groups):
+  """Per-channel ``(n, a, s₁, s₂)`` merged over each of the channel ``groups`` (small
+  arrays: :func:`group_sum`'s reason), repeated on its channels; unchanged without."""
+  if groups is None:
+    return parts
+  axis, g = groups
+  split = _split_channels(parts[0].shape, axis, g)
+  merged = merged_over(tuple(t.reshape(split) for t in parts), (axis + 1,))
+  return tuple(_repeat_on_channels(t, split, axis) for t in merged)
+
+
 def moments_of(parts, groups):
   """Mean and variance from per-channel ``(n, a, s₁, s₂)``, merged first over each of the
-  channel ``groups`` (small arrays: :func:`group_sum`'s reason), repeated on its channels."""
-  if groups is not None:
-    axis, g = groups
-    split = _split_channels(parts[0].shape, axis, g)
-    merged = merged_over(tuple(t.reshape(split) for t in parts), (axis + 1,))
-    parts = tuple(_repeat_on_channels(t, split, axis) for t in merged)
-  n, a, s1, s2 = parts
+  channel ``groups`` (:func:`over_groups`)."""
+  n, a, s1, s2 = over_groups(parts, groups)
   n = jnp.maximum(n, 1)
   d = s1 / n
   return a + d, jnp.maximum(s2 / n - abs_sq(d), 0)

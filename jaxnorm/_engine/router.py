@@ -36,7 +36,9 @@ GPUs                           Flax's program; rows of up to 8,192 elements: two
                                columns: sums shifted by two elements (gpu: two_shifts),
                                over batches of up to 64 per index of it, merged over it;
                                with few kept indices both sums in one reduction, long
-                               columns in chunks merged (gpu: few_kept, column_chunks)
+                               columns in chunks merged, off a mesh channel groups
+                               shifted by two elements of each group, not merged over
+                               its channels (gpu: few_kept, column_chunks)
 ``implementation="pallas"``    the Pallas row kernels (pallas_rows: normalize_rows), each
                                platform's traced, the lowering keeping its own (pallas)
 =============================  ==============================================================
@@ -71,6 +73,7 @@ from jaxnorm._engine.maths import (
   group_sum,
   merged_sums,
   moments_of,
+  over_groups,
   shifted_parts,
   shifts,
   squeezed,
@@ -266,16 +269,21 @@ def _differentiated(raw, axes, groups, dtype):
   against Flax's 3): plain sums shifted by elements there (3|x|, RESULTS item 47), per
   index of the batch where they reduce over a batch of up to ``gpu.PER_SAMPLE_BATCH``
   (RESULTS items 70, 73)."""
-  merged = functools.partial(merged_sums, axes=axes, dtype=dtype, known=groups is not None)
+
+  def merged(raw):  # (each channel's sums, merged over its channel group)
+    return over_groups(merged_sums(raw, axes, dtype, known=groups is not None), groups)
+
   if raw.ndim - 1 in axes or set(sharded_axes(raw)) & set(axes):
     parts = merged(raw)  # (explicit sharding cannot slice one element of a sharded axis)
   else:
     per_outer = on_mesh(raw) or (axes[:1] == (0,) and raw.shape[0] <= gpu.PER_SAMPLE_BATCH)
-    shifted = functools.partial(two_shifts, axes=axes, dtype=dtype, per_outer=per_outer)
+    shifted = functools.partial(
+      two_shifts, axes=axes, dtype=dtype, per_outer=per_outer, groups=groups
+    )
     parts = switch(raw, like=raw, gpu=shifted, default=merged)
   if groups is None:  # (in the sums' own shape, as the norm's arithmetic: RESULTS item 79)
     return tuple(jnp.expand_dims(t, axes) for t in moments_of(squeezed(parts, axes), None))
-  return moments_of(parts, groups)
+  return moments_of(parts, None)
 
 
 _under_differentiation = jax.custom_jvp(_differentiated, nondiff_argnums=(1, 2, 3))
