@@ -60,8 +60,8 @@ VARIANTS = {
   "global-shifts": Variant(
     "XLA:GPU's BatchNorm statistics with one pair of shifts for the whole batch (before "
     "item 70; the shipped engine shifts each sample in batches of up to 64), at a batch "
-    "of 64 and in the ResNet-50 step at 8 (compiled: 706 kernels against 767, 1.0324x "
-    "Flax's bytes against 1.0075x, item 86)",
+    "of 64 and in the ResNet-50 step at 8 (compiled: 706 kernels against 753, 1.0324x "
+    "Flax's bytes against 1.0074x, items 86 and 88)",
     r"batch_train \w+ 64x7x7x2048$",
     _per_sample_batch(0),
     r"ResNet-50 step",
