@@ -57,7 +57,7 @@ def two_shifts(raw, axes, dtype, per_outer=False, groups=None):
       a, d = axes[0], raw.shape[axes[0]]
       split = raw.reshape(raw.shape[:a] + (k, d // k) + raw.shape[a + 1 :])
       split_axes = (a, a + 1, *(b + 1 for b in axes[1:]))
-      moved = None if own is None else (own[0] + (own[0] > a), own[1])
+      moved = None if groups is None else (groups[0] + (groups[0] > a), groups[1])
       parts = _shifted(split, split_axes, dtype, True, True, moved)
       return _counted(tuple(jnp.squeeze(t, a) for t in parts), raw.shape, axes, groups)
   # (BatchNorm's sums per sample off a mesh apart: stacked, 2 kernels more forward+backward)
