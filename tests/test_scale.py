@@ -74,9 +74,10 @@ def _programs(module, x):
   [pytest.param(*c, id=c[0]) for c in CASES],
 )
 def test_no_more_collectives_than_flax_under_gspmd(name, make, shape, spec, mode):
-  """Collectives of jaxnorm's programs against Flax's: a merged reduction gathers each
-  shard's four partial sums in one all-gather (``jaxnorm._engine.maths.merged_over``: stacked, much
-  smaller than x; XLA:CPU gathered them one by one before), and nothing of x's size."""
+  """Collectives of jaxnorm's programs against Flax's: a merged reduction combines each
+  shard's four partial sums in one collective (``jaxnorm._engine.maths.merged_over``:
+  stacked, much smaller than x; XLA:CPU gathered them one by one before), and nothing of
+  x's size."""
   mesh = jax.make_mesh((8,), ("data",), axis_types=(mode,))
   x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
   with jax.set_mesh(mesh):
