@@ -26,7 +26,7 @@ from jaxnorm._engine.maths import (
   shifts,
   two_pass,
 )
-from jaxnorm._engine.sharding import mesh_blocks, on_mesh
+from jaxnorm._engine.sharding import mesh_blocks, on_mesh, typed_blocks
 
 
 def two_shifts(raw, axes, dtype, per_outer=False, groups=None):
@@ -80,7 +80,8 @@ def _shifted(raw, axes, dtype, per_outer, stacked, groups):
   inner = axes[1:] if per_outer and len(axes) > 1 else axes
   ab = tuple(s.astype(dtype) for s in shifts(raw, inner, groups))
   parts = shifted_parts(raw.astype(dtype), inner, groups, ab, stacked=stacked)
-  return parts if inner == axes else merged_over(parts, axes[:1], mesh_blocks(raw, axes))
+  blocks = typed_blocks(raw, axes[:1]) or mesh_blocks(raw, axes)
+  return parts if inner == axes else merged_over(parts, axes[:1], blocks)
 
 
 # Column reductions with few kept indices, fewer than COLUMN_PROGRAMS (at most that many

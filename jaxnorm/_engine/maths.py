@@ -25,7 +25,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxnorm._engine.barriers import converted_apart
-from jaxnorm._engine.sharding import blocks_merged_at_once, mesh_blocks, resharded, sharded_axes
+from jaxnorm._engine.sharding import (
+  blocks_merged_at_once,
+  mesh_blocks,
+  resharded,
+  sharded_axes,
+  typed_blocks,
+)
 
 
 class Moments(NamedTuple):
@@ -132,23 +138,38 @@ def merge(left, right):
 
 def merged_over(parts, axes, blocks=1, at_once=False):
   """``parts`` merged over ``axes`` (kept as size 1); with ``blocks`` (> 1, dividing the
-  first axis), that axis cut into as many blocks first: each block's sums, stacked and
-  gathered whole, then merged. On a mesh of as many devices GSPMD then combines the
-  shards' sums in one collective (an all-reduce, as Flax's sums); it gathered the four
-  sums of one reduction apart, which XLA:TPU (along a minor dimension) and XLA:CPU do not
-  combine (RESULTS item 48). The
-  blocks are merged one by one, or ``at_once`` by one reduction with :func:`merge` as its
-  combiner (:func:`~jaxnorm._engine.sharding.blocks_merged_at_once` decides)."""
+  first axis; or a tuple, the blocks of each of ``axes``), those axes cut into as many
+  blocks first: each block's sums, stacked and gathered whole, then merged. On a mesh of
+  as many devices GSPMD then combines the shards' sums in one collective (an all-reduce,
+  as Flax's sums); it gathered the four sums of one reduction apart, which XLA:TPU (along
+  a minor dimension) and XLA:CPU do not combine (RESULTS item 48). The blocks are merged
+  one by one, or ``at_once`` by one reduction with :func:`merge` as its combiner
+  (:func:`~jaxnorm._engine.sharding.blocks_merged_at_once` decides)."""
   zero = (jnp.zeros((), parts[1].dtype),) * 4
-  if blocks == 1 or parts[0].shape[axes[0]] % blocks:
+  shape = parts[0].shape
+  cuts = dict(zip(axes, blocks if isinstance(blocks, tuple) else (blocks,), strict=False))
+  if all(c == 1 for c in cuts.values()) or any(shape[a] % c for a, c in cuts.items()):
     return tuple(jnp.expand_dims(t, axes) for t in lax.reduce(parts, zero, merge, axes))
-  a = axes[0]
-  split = parts[0].shape[:a] + (blocks, parts[0].shape[a] // blocks) + parts[0].shape[a + 1 :]
-  inner = (a + 1,) + tuple(b + 1 for b in axes[1:])
-  stacked = jnp.stack(lax.reduce(tuple(t.reshape(split) for t in parts), zero, merge, inner))
+  # x's shape with each cut axis as (blocks, the rest), each block's shard its own
+  split, inner, cut, typed = [], [], [], []
+  spec = list(getattr(jax.typeof(parts[1]).sharding, "spec", ())) + [None] * len(shape)
+  for i, d in enumerate(shape):
+    if cuts.get(i, 1) > 1:
+      cut.append(i)
+      split.append(cuts[i])
+      typed.append(spec[i])
+      spec[i] = None
+    split.append(d // cuts.get(i, 1))
+    typed.append(spec[i])
+    if i in axes:
+      inner.append(len(split) - 1)
+  stacked = jnp.stack(lax.reduce(tuple(_split(t, split, typed) for t in parts), zero, merge, inner))
+  # (the block axes of the stacked sums: each cut axis's place among the kept ones, + 1)
+  at = [1 + sum(1 for j in range(i) if j not in axes or j in cuts and cuts[j] > 1) for i in cut]
   spec = list(getattr(jax.typeof(stacked).sharding, "spec", ())) + [None] * stacked.ndim
   if any(spec):  # (explicit sharding: the blocks resharded whole, one all-gather)
-    spec[a + 1] = None
+    for b in at:
+      spec[b] = None
     stacked = resharded(stacked, stacked, spec[: stacked.ndim])
   else:
     # A gather by index, which GSPMD partitions as one all-reduce of each device's block
@@ -157,12 +178,26 @@ def merged_over(parts, axes, blocks=1, at_once=False):
     # GSPMD then all-gathered the stack on TPUs and GPUs (a data-parallel ResNet-50 step
     # over 4 v5e chips 1,089 kernels per device, 90 all-reduces and 15 all-gathers; now
     # 1,023 and Flax's 99 all-reduces: RESULTS item 89).
-    stacked = jnp.take(stacked, jnp.arange(blocks), axis=a + 1, mode="wrap")
+    for b in at:
+      stacked = jnp.take(stacked, jnp.arange(stacked.shape[b]), axis=b, mode="wrap")
+  block_axes = tuple(b - 1 for b in at)
   if at_once:
-    merged = lax.reduce(tuple(stacked), zero, merge, (a,))
+    merged = lax.reduce(tuple(stacked), zero, merge, block_axes)
   else:
-    merged = merge_along(stacked, a)
+    merged = stacked
+    for b in reversed(block_axes):
+      merged = merge_along(merged, b)
   return tuple(jnp.expand_dims(t, axes) for t in merged)
+
+
+def _split(t, shape, spec):
+  """``t`` reshaped to ``shape``; under explicit sharding laid out by ``spec`` (cutting
+  several sharded axes into blocks is a reshape JAX asks the sharding of)."""
+  if not any(spec):
+    return t.reshape(shape)
+  mesh = jax.typeof(t).sharding.mesh
+  named = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+  return lax.reshape(t, shape, out_sharding=named)
 
 
 def merge_along(parts, axis):
@@ -182,8 +217,8 @@ def merged_sums(raw, axes, dtype, known=False):
   moves three arrays, not four: Flax's kernel count on TPUs; elsewhere it cost one, item 60)."""
   x = raw.astype(dtype)
   parts = (jnp.ones_like(x), x, jnp.zeros_like(x), jnp.zeros_like(x))
-  blocks, at_once = mesh_blocks(raw, axes), blocks_merged_at_once(raw)
-  n, *sums = merged_over(parts, axes, blocks, at_once)
+  blocks = typed_blocks(raw, axes) or mesh_blocks(raw, axes)
+  n, *sums = merged_over(parts, axes, blocks, blocks_merged_at_once(raw))
   return (jnp.full_like(n, elements_per_group(raw.shape, axes)) if known else n, *sums)
 
 

@@ -19,9 +19,12 @@ on a mesh, any platform        Flax's program (accelerators) with the merged shi
                                (maths: merged_sums), partitioned by GSPMD, each shard's sums
                                gathered in one collective (sharding: mesh_blocks; under
                                automatic sharding TPUs' per-sample statistics and GPUs'
-                               rows are not cut; TPUs merge the blocks in one reduction:
-                               blocks_merged_at_once); XLA:GPU's columns: two shifts per
-                               index of the first reduced axis (gpu: two_shifts)
+                               rows are not cut; under explicit sharding each sharded
+                               reduced axis cut into its shards: typed_blocks; TPUs merge
+                               the blocks in one reduction: blocks_merged_at_once);
+                               XLA:GPU's columns: two shifts per index of the first
+                               reduced axis (gpu: two_shifts), also where explicit
+                               sharding shards that axis alone
 XLA:CPU, one device            the kernel (kernel: normalize). Forward: rows in two passes
                                (one YNNPACK fusion); columns ``Σx ∥ Σx²`` checked with an
                                exact second pass (cpu: checked_moments); channel groups in
@@ -273,8 +276,11 @@ def _differentiated(raw, axes, groups, dtype):
   def merged(raw):  # (each channel's sums, merged over its channel group)
     return over_groups(merged_sums(raw, axes, dtype, known=groups is not None), groups)
 
-  if raw.ndim - 1 in axes or set(sharded_axes(raw)) & set(axes):
-    parts = merged(raw)  # (explicit sharding cannot slice one element of a sharded axis)
+  sharded = set(sharded_axes(raw)) & set(axes)
+  # (explicit sharding cannot slice one element of a sharded axis: XLA:GPU's shifts per
+  # index of the first reduced axis are sliced from the others)
+  if raw.ndim - 1 in axes or sharded - set(axes[:1]) or (sharded and len(axes) == 1):
+    parts = merged(raw)
   else:
     per_outer = on_mesh(raw) or (axes[:1] == (0,) and raw.shape[0] <= gpu.PER_SAMPLE_BATCH)
     shifted = functools.partial(
