@@ -15,7 +15,8 @@ Flax's two-pass program too.
 model stacks (``tests/models.py``), with lower and compile times; ``--steps`` their
 training steps on one chip and data parallel over four, per device against Flax's default
 and exact programs; ``--sharded`` the layouts
-of issue 43's point 2 on a 4-chip mesh, counting collectives and all-gathers of x;
+of issue 43's point 2 on a 4-chip mesh, counting collectives and all-gathers of x
+(automatic sharding; ``--explicit``, explicit sharding, whose types say the layout);
 ``--pallas`` (GPUs) jaxnorm's Pallas row kernels beside its XLA path at the device suite's
 training shapes, against the least traffic of each pass.
 
@@ -25,14 +26,17 @@ training shapes, against the least traffic of each pass.
   PYTHONPATH=. python benchmarks/accelerator_programs.py --topology v6e:2x2 > $R/tpu_v6e.md
   PYTHONPATH=. python benchmarks/accelerator_programs.py --modern > $R/tpu_v5e_modern.md
   PYTHONPATH=. python benchmarks/accelerator_programs.py --sharded > $R/tpu_v5e_sharded.md
+  PYTHONPATH=. python benchmarks/accelerator_programs.py --sharded --explicit \
+      > $R/tpu_v5e_sharded_explicit.md
   PYTHONPATH=. python benchmarks/accelerator_programs.py --stacks > $R/tpu_v5e_stacks.md
   PYTHONPATH=. python benchmarks/accelerator_programs.py --steps > $R/tpu_v5e_steps.md
 
   # H100s: the CUDA plugin (no GPU needed), in a venv of its own
   pip install "jax-cuda12-plugin[with-cuda]==<jax's version>" "jax-cuda12-pjrt==<same>"
   JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 JAX_PLATFORMS=cpu PYTHONPATH=. python \\
-      benchmarks/accelerator_programs.py --platform gpu [--modern | --sharded | --stacks |
-      --steps | --pallas] > $R/h100[_modern | _sharded | _stacks | _steps | _pallas].md
+      benchmarks/accelerator_programs.py --platform gpu [--modern | --sharded [--explicit] |
+      --stacks | --steps | --pallas] > $R/h100[_modern | _sharded[_explicit] | _stacks |
+      _steps | _pallas].md
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import AxisType, Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxnorm  # noqa: E402
@@ -181,6 +185,7 @@ SHARDED = [  # (norm, shape, layout) on 4 chips: issue 43's point 2
   ("group", (8, 32, 32, 256), P("d", "d2")),  # batch + H
   ("instance", (8, 32, 32, 256), P("d")),
   ("layer", (16, 1024, 4096), P(("d", "d2"))),  # batch over 4 chips: Transformer-sized rows
+  ("batch_train", (64, 28, 28, 64), P("d", "d2")),  # batch + H (spatial partitioning)
 ]
 
 
@@ -341,6 +346,7 @@ def main():
   parser.add_argument("--platform", choices=("tpu", "gpu"), default="tpu")
   parser.add_argument("--topology", default="v5e:2x2")
   parser.add_argument("--sharded", action="store_true")
+  parser.add_argument("--explicit", action="store_true", help="(--sharded) explicit sharding")
   parser.add_argument("--modern", action="store_true")
   parser.add_argument("--stacks", action="store_true")
   parser.add_argument("--steps", action="store_true")
@@ -353,9 +359,11 @@ def main():
       chips = devices.tpu_mesh(args.topology, 4).devices
     else:
       chips = np.array(devices.h100_devices(4))
-    mesh2 = Mesh(chips.reshape(2, 2), ("d", "d2"))
+    kind = AxisType.Explicit if args.explicit else AxisType.Auto
+    mesh2 = Mesh(chips.reshape(2, 2), ("d", "d2"), axis_types=(kind,) * 2)
     where = args.topology if args.platform == "tpu" else "4 × H100"
-    print(f"# Collectives on a 4-chip {where}, jaxnorm / Flax ({versions})\n")
+    sharding = f"{kind.name.lower()} sharding"
+    print(f"# Collectives on a 4-chip {where}, {sharding}, jaxnorm / Flax ({versions})\n")
     return sharded(mesh2, args.platform)
   mesh = (
     devices.tpu_mesh(args.topology)

@@ -26,7 +26,7 @@ from jaxnorm._engine.maths import (
   shifts,
   two_pass,
 )
-from jaxnorm._engine.sharding import mesh_blocks, on_mesh, typed_blocks
+from jaxnorm._engine.sharding import crosses_devices, local_shape, mesh_blocks, typed_blocks
 
 
 def two_shifts(raw, axes, dtype, per_outer=False, groups=None):
@@ -47,13 +47,15 @@ def two_shifts(raw, axes, dtype, per_outer=False, groups=None):
   summed in one small reduction, not merged (a reduction with its own combiner, which
   XLA:GPU is slow to compile: RESULTS item 87).
   """
-  few = few_kept(raw.shape, axes)
+  # (where each device reduces its own data whole, the choices follow what it holds)
+  shape = raw.shape if crosses_devices(raw, axes) else local_shape(raw)
+  few = few_kept(shape, axes)
   # (each channel's, merged over its group, with many kept indices, where each group's
   # took 8 kernels forward against Flax's 6 at 32 × 32 × 32 × 512, and on a mesh, a
   # 4-H100 UNet step 215 against 201: item 87)
   own = groups if few and not per_outer else None
-  if few and not per_outer and axes and axes[0] > 0 and not on_mesh(raw):
-    if (k := column_chunks(raw.shape, axes)) > 1:  # (sums per chunk, merged over them)
+  if few and not per_outer and axes and axes[0] > 0 and not crosses_devices(raw, axes):
+    if (k := column_chunks(shape, axes)) > 1:  # (sums per chunk, merged over them)
       a, d = axes[0], raw.shape[axes[0]]
       split = raw.reshape(raw.shape[:a] + (k, d // k) + raw.shape[a + 1 :])
       split_axes = (a, a + 1, *(b + 1 for b in axes[1:]))
@@ -61,7 +63,7 @@ def two_shifts(raw, axes, dtype, per_outer=False, groups=None):
       parts = _shifted(split, split_axes, dtype, True, True, moved)
       return _counted(tuple(jnp.squeeze(t, a) for t in parts), raw.shape, axes, groups)
   # (BatchNorm's sums per sample off a mesh apart: stacked, 2 kernels more forward+backward)
-  stacked = few and (on_mesh(raw) or not per_outer)
+  stacked = few and (crosses_devices(raw, axes) or not per_outer)
   parts = _shifted(raw, axes, dtype, per_outer, stacked, own)
   parts = parts if own is not None else over_groups(parts, groups)
   return _counted(parts, raw.shape, axes, groups)

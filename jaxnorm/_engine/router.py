@@ -84,7 +84,7 @@ from jaxnorm._engine.maths import (
   two_pass,
 )
 from jaxnorm._engine.platform import switch
-from jaxnorm._engine.sharding import on_mesh, sharded_axes
+from jaxnorm._engine.sharding import crosses_devices, on_mesh, sharded_axes
 from jaxnorm._engine.tpu import moments_about
 
 
@@ -282,7 +282,8 @@ def _differentiated(raw, axes, groups, dtype):
   if raw.ndim - 1 in axes or sharded - set(axes[:1]) or (sharded and len(axes) == 1):
     parts = merged(raw)
   else:
-    per_outer = on_mesh(raw) or (axes[:1] == (0,) and raw.shape[0] <= gpu.PER_SAMPLE_BATCH)
+    crosses = crosses_devices(raw, axes)
+    per_outer = crosses or (axes[:1] == (0,) and raw.shape[0] <= gpu.PER_SAMPLE_BATCH)
     shifted = functools.partial(
       two_shifts, axes=axes, dtype=dtype, per_outer=per_outer, groups=groups
     )

@@ -67,6 +67,26 @@ def on_mesh(x: Any) -> bool:
   )
 
 
+def local_shape(x: Any) -> tuple[int, ...]:
+  """The shape of each device's shard of ``x`` where its type says (explicit sharding),
+  else its shape."""
+  try:
+    return tuple(jax.typeof(x).sharding.shard_shape(x.shape))
+  except (AttributeError, TypeError, ValueError):
+    return tuple(x.shape)
+
+
+def crosses_devices(x: Any, axes: tuple[int, ...]) -> bool:
+  """Whether a reduction of ``x`` over ``axes`` may cross devices: on a mesh GSPMD may
+  split (:func:`on_mesh`), unless explicit sharding's type says none of ``axes`` is
+  sharded (each device then reduces its own data whole, as off a mesh)."""
+  if not on_mesh(x):
+    return False
+  kinds = jax.sharding.AxisType
+  types = [t for t in mesh_of(x).axis_types if t != kinds.Manual]
+  return not all(t == kinds.Explicit for t in types) or bool(set(sharded_axes(x)) & set(axes))
+
+
 def mesh_blocks(x, axes):
   """The number of blocks to cut a reduction of ``x`` over ``axes`` into: the number of
   devices GSPMD may split ``x`` over (a multiple of the shards of any of its axes), so
