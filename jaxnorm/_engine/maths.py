@@ -152,7 +152,8 @@ def merged_over(parts, axes, blocks=1, at_once=False):
     return tuple(jnp.expand_dims(t, axes) for t in lax.reduce(parts, zero, merge, axes))
   # x's shape with each cut axis as (blocks, the rest), each block's shard its own
   split, inner, cut, typed = [], [], [], []
-  spec = list(getattr(jax.typeof(parts[1]).sharding, "spec", ())) + [None] * len(shape)
+  typed_as = getattr(jax.typeof(parts[1]), "sharding", None)  # (x's: its mesh and layout)
+  spec = list(getattr(typed_as, "spec", ())) + [None] * len(shape)
   for i, d in enumerate(shape):
     if cuts.get(i, 1) > 1:
       cut.append(i)
@@ -163,7 +164,8 @@ def merged_over(parts, axes, blocks=1, at_once=False):
     typed.append(spec[i])
     if i in axes:
       inner.append(len(split) - 1)
-  stacked = jnp.stack(lax.reduce(tuple(_split(t, split, typed) for t in parts), zero, merge, inner))
+  cut_parts = tuple(_split(t, split, typed, typed_as) for t in parts)
+  stacked = jnp.stack(lax.reduce(cut_parts, zero, merge, inner))
   # (the block axes of the stacked sums: each cut axis's place among the kept ones, + 1)
   at = [1 + sum(1 for j in range(i) if j not in axes or j in cuts and cuts[j] > 1) for i in cut]
   spec = list(getattr(jax.typeof(stacked).sharding, "spec", ())) + [None] * stacked.ndim
@@ -190,13 +192,13 @@ def merged_over(parts, axes, blocks=1, at_once=False):
   return tuple(jnp.expand_dims(t, axes) for t in merged)
 
 
-def _split(t, shape, spec):
-  """``t`` reshaped to ``shape``; under explicit sharding laid out by ``spec`` (cutting
-  several sharded axes into blocks is a reshape JAX asks the sharding of)."""
+def _split(t, shape, spec, like):
+  """``t`` reshaped to ``shape``; under explicit sharding laid out by ``spec`` on the mesh
+  of ``like`` (x's sharding: cutting several sharded axes into blocks is a reshape JAX
+  asks the sharding of, and a constant beside x may carry no mesh of its own)."""
   if not any(spec):
     return t.reshape(shape)
-  mesh = jax.typeof(t).sharding.mesh
-  named = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+  named = jax.sharding.NamedSharding(like.mesh, jax.sharding.PartitionSpec(*spec))
   return lax.reshape(t, shape, out_sharding=named)
 
 
