@@ -402,6 +402,23 @@ def test_uncut_gspmd_statistics_stay_exact_far_off_centre(rng, monkeypatch, shap
   np.testing.assert_allclose(np.asarray(m.var), x64.var(axes), rtol=5e-6)
 
 
+def _assert_batch_statistics_exact(x, xs, axes, w):
+  """jaxnorm's moments of ``xs`` (``x`` laid out on the mesh in context) over ``axes``,
+  and the gradient of its normalized output weighted by ``w``, against the float64
+  reference of ``x``: the mean and variance within float32 rounding, the gradient as
+  BatchNorm's (Batch Renorm's with r = γ = 1, d = 0)."""
+  m = jax.jit(lambda x: jaxnorm.moments(x, axes))(xs)
+  grad = jax.jit(
+    jax.grad(lambda x: jnp.sum(jaxnorm.normalize(x, axes) * jnp.asarray(w, jnp.float32)))
+  )(xs)
+  mean, var, _ = ref.stats(x, axes)
+  np.testing.assert_allclose(np.asarray(m.mean), mean.squeeze(axes), rtol=1e-7)
+  np.testing.assert_allclose(np.asarray(m.var), var.squeeze(axes), rtol=5e-6)
+  one, zero = np.ones(x.shape[-1]), np.zeros(x.shape[-1])
+  want = ref.batch_renorm_grads(x, w, one, zero, one)[0]
+  np.testing.assert_allclose(np.asarray(grad), want, atol=2e-3 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("at_once", [True, False], ids=["at-once", "one-by-one"])
 def test_blocks_merged_either_way_stay_exact_far_off_centre(rng, monkeypatch, at_once):
   """BatchNorm's statistics over a sharded batch, cut into the mesh's blocks, merged by one
@@ -419,23 +436,12 @@ def test_blocks_merged_either_way_stay_exact_far_off_centre(rng, monkeypatch, at
   axes = (0, 1, 2)
   with jax.set_mesh(mesh):
     xs = jax.device_put(x, NamedSharding(mesh, P("d")))
-    m = jax.jit(lambda x: jaxnorm.moments(x, axes))(xs)
     text = jax.jit(lambda x: jaxnorm.moments(x, axes)).lower(xs).compile().as_text()
-    w = rng.normal(size=x.shape)
-    grad = jax.jit(
-      jax.grad(lambda x: jnp.sum(jaxnorm.normalize(x, axes) * jnp.asarray(w, jnp.float32)))
-    )(xs)
+    _assert_batch_statistics_exact(x, xs, axes, rng.normal(size=x.shape))
   jax.clear_caches()
   # (the blocks' four sums gathered whole: an all-reduce of each device's slot)
   pattern = r"= (f32\[[\d,]*\])\S* (?:all-gather|all-reduce)(?:-start)?\("
   assert re.findall(pattern, text) == [f"f32[4,{N_DEV},5]"], re.findall(pattern, text)
-  mean, var, _ = ref.stats(x, axes)
-  np.testing.assert_allclose(np.asarray(m.mean), mean.squeeze(axes), rtol=1e-7)
-  np.testing.assert_allclose(np.asarray(m.var), var.squeeze(axes), rtol=5e-6)
-  # (BatchNorm's backward: Batch Renorm's with r = γ = 1, d = 0)
-  one, zero = np.ones(x.shape[-1]), np.zeros(x.shape[-1])
-  want = ref.batch_renorm_grads(x, w, one, zero, one)[0]
-  np.testing.assert_allclose(np.asarray(grad), want, atol=2e-3 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("at_once", [True, False], ids=["at-once", "one-by-one"])
@@ -461,10 +467,7 @@ def test_statistics_over_several_sharded_axes_stay_exact_far_off_centre(
   w = rng.normal(size=x.shape)
   with jax.set_mesh(mesh):
     xs = jax.device_put(x, NamedSharding(mesh, spec))
-    m = jax.jit(lambda x: jaxnorm.moments(x, axes))(xs)
-    grad = jax.jit(
-      jax.grad(lambda x: jnp.sum(jaxnorm.normalize(x, axes) * jnp.asarray(w, jnp.float32)))
-    )(xs)
+    _assert_batch_statistics_exact(x, xs, axes, w)
     texts = [
       jax.jit(
         lambda x, lib=lib: lib.BatchNorm(use_running_average=False).init_with_output(
@@ -479,12 +482,6 @@ def test_statistics_over_several_sharded_axes_stay_exact_far_off_centre(
   jax.clear_caches()
   ours, flax = (len(re.findall(r" (?:all-gather|all-reduce)(?:-start)?\(", t)) for t in texts)
   assert 0 < ours <= flax and "collective-permute" not in texts[0], (ours, flax)
-  mean, var, _ = ref.stats(x, axes)
-  np.testing.assert_allclose(np.asarray(m.mean), mean.squeeze(axes), rtol=1e-7)
-  np.testing.assert_allclose(np.asarray(m.var), var.squeeze(axes), rtol=5e-6)
-  one, zero = np.ones(x.shape[-1]), np.zeros(x.shape[-1])
-  want = ref.batch_renorm_grads(x, w, one, zero, one)[0]
-  np.testing.assert_allclose(np.asarray(grad), want, atol=2e-3 * np.abs(want).max())
 
 
 def test_gpu_statistics_explicitly_sharded_over_the_batch_stay_exact(rng, monkeypatch):
@@ -499,18 +496,7 @@ def test_gpu_statistics_explicitly_sharded_over_the_batch_stay_exact(rng, monkey
   shape = (2 * N_DEV, 3, 3, 5)
   x = rng.normal(1e4, 1.0, shape) + np.linspace(0, 40, shape[0])[:, None, None, None]
   x = x.astype(np.float32)
-  axes = (0, 1, 2)
-  w = rng.normal(size=shape)
   with jax.set_mesh(mesh):
     xs = jax.device_put(x, NamedSharding(mesh, P("d")))
-    m = jax.jit(lambda x: jaxnorm.moments(x, axes))(xs)
-    grad = jax.jit(
-      jax.grad(lambda x: jnp.sum(jaxnorm.normalize(x, axes) * jnp.asarray(w, jnp.float32)))
-    )(xs)
+    _assert_batch_statistics_exact(x, xs, (0, 1, 2), rng.normal(size=shape))
   jax.clear_caches()
-  mean, var, _ = ref.stats(x, axes)
-  np.testing.assert_allclose(np.asarray(m.mean), mean.squeeze(axes), rtol=1e-7)
-  np.testing.assert_allclose(np.asarray(m.var), var.squeeze(axes), rtol=5e-6)
-  one, zero = np.ones(shape[-1]), np.zeros(shape[-1])
-  want = ref.batch_renorm_grads(x, w, one, zero, one)[0]
-  np.testing.assert_allclose(np.asarray(grad), want, atol=2e-3 * np.abs(want).max())
